@@ -1,0 +1,102 @@
+"""The graph projection: every entity by identifier, plus the branch queues.
+
+``GraphState`` is the fold of the journal's graph events. Its canonical dump (and the
+checksum of that dump) is what snapshots store and what ``journal verify`` compares with a
+full replay, so the dump lists collections in a deterministic order and holds nothing that
+is not itself derived from events.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from braid_actors.model import (
+    Branch,
+    Conversation,
+    Edge,
+    Environment,
+    Message,
+    Run,
+    Turn,
+    converter,
+    digest,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+PROJECTION_VERSION = 1
+"""Bumped whenever the fold's meaning or the dump's shape changes; older snapshots rebuild."""
+
+
+@attrs.define(eq=False)
+class GraphState:
+    """Mutable projection owned by one folder (the journal's admission or read model)."""
+
+    conversations: dict[str, Conversation] = attrs.Factory(dict)
+    branches: dict[str, Branch] = attrs.Factory(dict)
+    messages: dict[str, Message] = attrs.Factory(dict)
+    turns: dict[str, Turn] = attrs.Factory(dict)
+    runs: dict[str, Run] = attrs.Factory(dict)
+    edges: dict[str, Edge] = attrs.Factory(dict)
+    environments: dict[str, Environment] = attrs.Factory(dict)
+    queues: dict[str, list[str]] = attrs.Factory(dict)
+    """Per branch: queued run ids in admission order."""
+    active: dict[str, str] = attrs.Factory(dict)
+    """Per branch: the run holding the branch's single active slot."""
+    events: int = 0
+    """How many graph events were folded."""
+    out_edges: dict[str, list[str]] = attrs.Factory(dict)
+    """Derived index (not dumped): edge destinations by source, for cycle checks."""
+
+    def add_edge(self, edge: Edge) -> None:
+        """Record an edge and index it."""
+        self.edges[edge.edge_id] = edge
+        self.out_edges.setdefault(edge.source_id, []).append(edge.destination_id)
+
+
+_COLLECTIONS: tuple[tuple[str, type[Any]], ...] = (
+    ("conversations", Conversation),
+    ("branches", Branch),
+    ("messages", Message),
+    ("turns", Turn),
+    ("runs", Run),
+    ("edges", Edge),
+    ("environments", Environment),
+)
+
+
+def dump_state(state: GraphState) -> dict[str, Any]:
+    """JSON-compatible, deterministic form of the whole projection."""
+    conv = converter()
+    out: dict[str, Any] = {}
+    for name, cls in _COLLECTIONS:
+        items: Mapping[str, Any] = getattr(state, name)
+        out[name] = {key: conv.unstructure(items[key], cls) for key in sorted(items)}
+    out["queues"] = {key: list(state.queues[key]) for key in sorted(state.queues)}
+    out["active"] = dict(sorted(state.active.items()))
+    out["events"] = state.events
+    return out
+
+
+def load_state(data: Mapping[str, Any]) -> GraphState:
+    """Inverse of :func:`dump_state`."""
+    conv = converter()
+    state = GraphState()
+    for name, cls in _COLLECTIONS:
+        target: dict[str, Any] = getattr(state, name)
+        for key, value in data[name].items():
+            target[key] = conv.structure(value, cls)
+    state.queues = {key: list(value) for key, value in data["queues"].items()}
+    state.active = dict(data["active"])
+    state.events = int(data["events"])
+    for edge in state.edges.values():
+        state.out_edges.setdefault(edge.source_id, []).append(edge.destination_id)
+    return state
+
+
+def checksum(state: GraphState) -> str:
+    """``sha256:`` of the canonical dump: equal states have equal checksums."""
+    return digest(dump_state(state))

@@ -1,0 +1,178 @@
+"""The provider port: what Braid asks of any runner (local, Claude Code, Codex).
+
+A provider runs one turn at a time for a run. Everything it observes it reports through a
+:class:`RunSink`, and the sink returns only once the observation is durable in the journal,
+so a provider never gets ahead of the record. Cancellation is trio cancellation of
+``run_turn``: the provider must make sure every process it started is gone before the
+cancellation propagates (and say so in :attr:`TurnResult` when it can still return).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from braid_actors.model import Part, Role, Usage
+
+
+@attrs.frozen
+class Capabilities:
+    """What a provider claims; contract tests check claims against behaviour."""
+
+    sessions_continue: bool
+    """It can continue a native session and prove where that session's context ends."""
+    sessions_fork: bool
+    portable_context: bool
+    """It accepts a canonical portable context when a fresh session starts."""
+    interaction_kinds: tuple[str, ...]
+    usage: Literal["reported", "estimated", "none"]
+    cost: bool
+    """It reports cost (a reported 0 is a real zero)."""
+    checkpoint: bool = False
+    fork: bool = False
+
+
+@attrs.frozen
+class ContextMessage:
+    """One message of portable context: role and typed parts, with its Braid identifier."""
+
+    message_id: str
+    role: Role
+    parts: tuple[Part, ...]
+
+
+@attrs.frozen
+class PortableContext:
+    """Canonical conversation context used to start a fresh native session."""
+
+    source_conversation_id: str
+    source_branch_id: str
+    through_message_id: str | None
+    messages: tuple[ContextMessage, ...]
+    complete: bool
+    digest: str
+    """``sha256:`` of the canonical form of the fields above."""
+
+
+@attrs.frozen
+class SessionRequest:
+    """Which native session to use.
+
+    ``session_id`` null: start a fresh session (with ``TurnRequest.context``). Otherwise
+    continue that session, which the provider must refuse (``session_mismatch``) unless its
+    own record ends exactly at ``expected_boundary`` (and ``expected_digest`` when given).
+    """
+
+    session_id: str | None = None
+    expected_boundary: str | None = None
+    expected_digest: str | None = None
+
+
+@attrs.frozen
+class TurnRequest:
+    """Everything a provider needs to run one turn."""
+
+    run_id: str
+    turn_id: str
+    workspace: Path
+    user_message_id: str
+    assistant_message_id: str
+    text: str
+    session: SessionRequest
+    context: PortableContext | None = None
+    model: str | None = None
+    options: Mapping[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class SessionInfo:
+    """The native session a turn is running in."""
+
+    session_id: str
+    resumed: bool
+    """True only when an existing native session was continued."""
+    trace_path: str | None = None
+    """Where the runner keeps its native session/transcript file."""
+
+
+@attrs.frozen
+class InteractionRequest:
+    interaction_id: str
+    kind: str
+    subject: Mapping[str, Any]
+
+
+@attrs.frozen
+class InteractionAnswer:
+    allow: bool
+    message: str | None = None
+
+
+@attrs.frozen
+class WorkerInfo:
+    """An OS process the provider started for this run."""
+
+    pid: int
+    create_time: float
+    pgid: int
+    command: tuple[str, ...]
+
+
+@attrs.frozen
+class TurnResult:
+    """How the turn ended, as the provider observed it."""
+
+    outcome: Literal["completed", "failed", "cancelled"]
+    reason: str | None
+    usage: Usage
+    cost_usd: float | None
+    session_id: str | None
+    session_boundary: str | None = None
+    """Last Braid message id the native session now contains (its boundary proof)."""
+    session_digest: str | None = None
+
+
+@attrs.frozen
+class SessionProof:
+    """What a provider can prove about a native session's end."""
+
+    session_id: str
+    available: bool
+    last_message_id: str | None = None
+    digest: str | None = None
+    reason: str | None = None
+
+
+class RunSink(Protocol):
+    """Where a provider reports; each call returns once the fact is durable."""
+
+    async def worker_started(self, worker: WorkerInfo) -> None: ...
+
+    async def session(self, info: SessionInfo) -> None: ...
+
+    async def part(self, part: Part) -> None:
+        """A new part or a newer version of a part (same ``part_id`` replaces)."""
+
+    async def interaction(self, request: InteractionRequest) -> InteractionAnswer:
+        """Record a pending interaction and wait for its answer."""
+
+    async def usage(self, usage: Usage, cost_usd: float | None) -> None: ...
+
+
+class Provider(Protocol):
+    """A runner Braid can dispatch turns to."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def available(self) -> bool: ...
+
+    async def run_turn(self, request: TurnRequest, sink: RunSink) -> TurnResult: ...
+
+    async def prove_session(self, session_id: str) -> SessionProof: ...
