@@ -28,6 +28,8 @@ from braid_actors.model import (
     ProviderBinding,
     Run,
     RunAdmitted,
+    RunDispatched,
+    SessionMode,
     TextPart,
     Turn,
     TurnSubmitted,
@@ -322,3 +324,29 @@ def next_admissions(
     if limit is not None:
         heads = heads[: max(0, limit)]
     return [RunAdmitted(r.conversation_id, r.run_id, at) for r in heads]
+
+
+def dispatch(
+    state: GraphState,
+    *,
+    run_id: str,
+    receipt: str,
+    session_mode: SessionMode,
+    at: datetime,
+    ids: IdSource,
+) -> RunDispatched:
+    """The dispatch intent of an admitted run, with the empty reply message it will fill."""
+    run = state.runs[run_id]
+    msg_id = ids("msg")
+    reply = Message(
+        message_id=msg_id,
+        conversation_id=run.conversation_id,
+        branch_id=run.branch_id,
+        role="assistant",
+        parts=(),
+        created_at=at,
+        updated_at=at,
+        completeness=Completeness(state="streaming", last_event_seq=0),
+        source_run_id=run_id,
+    )
+    return RunDispatched(run.conversation_id, run_id, receipt, session_mode, reply, at)

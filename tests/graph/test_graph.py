@@ -1,0 +1,439 @@
+"""The graph's rules one by one: branch, clone, queues, run transitions, integrity codes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from braid_actors import graph
+from braid_actors.errors import BraidError
+from braid_actors.graph import RUN_TRANSITIONS, GraphState
+from braid_actors.model import (
+    TERMINAL_RUN_STATES,
+    CountingIds,
+    Edge,
+    Environment,
+    EnvironmentBound,
+    Interaction,
+    Outcome,
+    ProviderBinding,
+    RunFinished,
+    RunInteractionRequested,
+    RunPartUpdated,
+    TerminalState,
+    TextPart,
+    Usage,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class G:
+    """A small graph driver over the pure builders."""
+
+    def __init__(self) -> None:
+        self.s = GraphState()
+        self.ids = CountingIds()
+        self.t = T0
+
+    def at(self) -> datetime:
+        self.t += timedelta(seconds=1)
+        return self.t
+
+    def conversation(self, workspace: str = "/w/a", title: str = "Fix the build") -> str:
+        ev = graph.create_conversation(
+            self.s,
+            workspace=workspace,
+            title=title,
+            profile_ref="prof_1",
+            runner=None,
+            operation_id="op_c",
+            at=self.at(),
+            ids=self.ids,
+        )
+        graph.apply(self.s, ev)
+        return ev.branch.branch_id
+
+    def turn(self, branch_id: str, text: str, *, finish: bool = True) -> tuple[str, str]:
+        ev = graph.submit_turn(
+            self.s,
+            branch_id=branch_id,
+            text=text,
+            operation_id="op_t",
+            at=self.at(),
+            ids=self.ids,
+        )
+        graph.apply(self.s, ev)
+        run_id = ev.run.run_id
+        if finish:
+            self.run_to_end(run_id, "succeeded")
+        return ev.message.message_id, run_id
+
+    def run_to_end(self, run_id: str, end: TerminalState = "succeeded") -> None:
+        for adm in graph.next_admissions(self.s, at=self.at()):
+            graph.apply(self.s, adm)
+        graph.apply(
+            self.s,
+            graph.dispatch(
+                self.s,
+                run_id=run_id,
+                receipt="sha256:" + "1" * 64,
+                session_mode="new",
+                at=self.at(),
+                ids=self.ids,
+            ),
+        )
+        run = self.s.runs[run_id]
+        assert run.assistant_message_id is not None
+        graph.apply(
+            self.s,
+            RunPartUpdated(
+                run.conversation_id,
+                run_id,
+                run.assistant_message_id,
+                TextPart(f"{run.assistant_message_id}.p0", "reply"),
+                self.at(),
+            ),
+        )
+        binding = ProviderBinding("local", "bound", "sess_1", run.assistant_message_id)
+        graph.apply(
+            self.s,
+            RunFinished(
+                run.conversation_id,
+                run_id,
+                end,
+                Outcome("completed"),
+                Usage(),
+                0.0,
+                binding,
+                self.at(),
+            ),
+        )
+
+
+def test_branch_at_assistant_message_links_ancestry_without_copying() -> None:
+    """/branch at an assistant message: new id, fresh binding, shared env, empty draft."""
+    g = G()
+    b0 = g.conversation()
+    g.turn(b0, "one")
+    g.turn(b0, "two")
+    first_reply = graph.history(g.s, b0)[1]
+    messages_before = len(g.s.messages)
+    ev = graph.branch(
+        g.s,
+        branch_id=b0,
+        through_message_id=first_reply,
+        draft=None,
+        operation_id="op_b",
+        at=g.at(),
+        ids=g.ids,
+    )
+    graph.apply(g.s, ev)
+    nb = g.s.branches[ev.branch.branch_id]
+    assert nb.branch_id != b0
+    assert graph.history(g.s, nb.branch_id) == graph.history(g.s, b0)[:2]
+    assert len(g.s.messages) == messages_before  # linked, not duplicated
+    assert nb.binding == ProviderBinding("local", "unbound")
+    source_binding = g.s.branches[b0].binding
+    assert source_binding is not None
+    assert source_binding.state == "bound"
+    assert nb.environment_id is not None
+    assert nb.environment_id == g.s.branches[b0].environment_id
+    assert g.s.environments[nb.environment_id].confidentiality == {}  # no isolation claim
+    assert nb.draft == ""
+    assert nb.profile_ref == "prof_1"
+    edge = g.s.edges[ev.edge.edge_id]
+    assert (edge.kind, edge.source_id, edge.destination_id) == (
+        "branched_at",
+        first_reply,
+        nb.branch_id,
+    )
+    assert edge.operation_id == "op_b" and edge.receipt.startswith("sha256:")
+
+
+def test_branch_at_user_message_edits_it() -> None:
+    """/branch at a user message: context ends before it and the draft holds its text."""
+    g = G()
+    b0 = g.conversation()
+    g.turn(b0, "one")
+    second_user, _ = g.turn(b0, "please fix tests")
+    ev = graph.branch(
+        g.s,
+        branch_id=b0,
+        through_message_id=second_user,
+        draft=None,
+        operation_id="op_b",
+        at=g.at(),
+        ids=g.ids,
+    )
+    graph.apply(g.s, ev)
+    assert ev.branch.draft == "please fix tests"
+    assert graph.history(g.s, ev.branch.branch_id) == graph.history(g.s, b0)[:2]
+    explicit = graph.branch(
+        g.s,
+        branch_id=b0,
+        through_message_id=second_user,
+        draft="other",
+        operation_id="op_c",
+        at=g.at(),
+        ids=g.ids,
+    )
+    assert explicit.branch.draft == "other"
+
+
+def test_branch_does_not_inherit_queued_or_pending_work() -> None:
+    """Queued turns and pending interactions after the boundary stay on the source."""
+    g = G()
+    b0 = g.conversation()
+    g.turn(b0, "one")
+    _, running = g.turn(b0, "two", finish=False)
+    for adm in graph.next_admissions(g.s, at=g.at()):
+        graph.apply(g.s, adm)
+    graph.apply(
+        g.s,
+        graph.dispatch(
+            g.s,
+            run_id=running,
+            receipt="sha256:" + "2" * 64,
+            session_mode="new",
+            at=g.at(),
+            ids=g.ids,
+        ),
+    )
+    graph.apply(
+        g.s,
+        RunInteractionRequested(
+            g.s.runs[running].conversation_id,
+            running,
+            Interaction("int_1", "permission", {"command": "ls"}, "pending", g.at()),
+            g.at(),
+        ),
+    )
+    _, queued = g.turn(b0, "three", finish=False)
+    boundary = graph.history(g.s, b0)[1]
+    ev = graph.branch(
+        g.s,
+        branch_id=b0,
+        through_message_id=boundary,
+        draft=None,
+        operation_id="op_b",
+        at=g.at(),
+        ids=g.ids,
+    )
+    graph.apply(g.s, ev)
+    nb = ev.branch.branch_id
+    assert g.s.queues.get(nb, []) == []
+    assert nb not in g.s.active
+    assert all(r.branch_id != nb for r in g.s.runs.values())
+    assert g.s.queues[b0] == [queued]
+    assert g.s.turns[g.s.runs[queued].turn_id].queue_position == 1
+
+
+def test_branch_through_streaming_message_is_refused() -> None:
+    """A boundary through a reply that is still streaming is refused (not presented as complete)."""
+    g = G()
+    b0 = g.conversation()
+    _, run_id = g.turn(b0, "one", finish=False)
+    for adm in graph.next_admissions(g.s, at=g.at()):
+        graph.apply(g.s, adm)
+    graph.apply(
+        g.s,
+        graph.dispatch(
+            g.s,
+            run_id=run_id,
+            receipt="sha256:" + "3" * 64,
+            session_mode="new",
+            at=g.at(),
+            ids=g.ids,
+        ),
+    )
+    reply = g.s.runs[run_id].assistant_message_id
+    assert reply is not None
+    ev = graph.branch(
+        g.s,
+        branch_id=b0,
+        through_message_id=reply,
+        draft=None,
+        operation_id="op_b",
+        at=g.at(),
+        ids=g.ids,
+    )
+    with pytest.raises(BraidError) as caught:
+        graph.apply(g.s, ev)
+    assert caught.value.code == "missing_boundary"
+
+
+def test_clone_new_conversation_through_tip_with_suffix() -> None:
+    """/clone: new conversation and branch ids, tip boundary, fresh session, title suffix."""
+    g = G()
+    b0 = g.conversation(title="Refactor")
+    g.turn(b0, "one")
+    _, queued = g.turn(b0, "two", finish=False)
+    source_conv = g.s.branches[b0].conversation_id
+    tip = graph.tip(g.s, b0)
+    ev = graph.clone(g.s, branch_id=b0, title=None, operation_id="op_k", at=g.at(), ids=g.ids)
+    graph.apply(g.s, ev)
+    conv, nb = ev.conversation, ev.branch
+    assert conv.conversation_id != source_conv and nb.branch_id != b0
+    assert conv.title == "Refactor (clone)"
+    assert graph.history(g.s, nb.branch_id) == graph.history(g.s, b0)
+    assert nb.source is not None and nb.source.through_message_id == tip
+    assert nb.binding == ProviderBinding("local", "unbound")
+    assert nb.environment_id == g.s.branches[b0].environment_id
+    assert nb.profile_ref == g.s.branches[b0].profile_ref
+    assert g.s.queues.get(nb.branch_id, []) == [] and queued in g.s.queues[b0]
+    edge = ev.edge
+    assert (edge.kind, edge.source_id, edge.destination_id) == (
+        "cloned_from",
+        b0,
+        conv.conversation_id,
+    )
+    again = graph.clone(g.s, branch_id=b0, title=None, operation_id="op_k2", at=g.at(), ids=g.ids)
+    assert again.conversation.title == "Refactor (clone 2)"
+
+
+def test_turns_queue_per_branch_with_positions_and_continued_edges() -> None:
+    """Later turns queue behind the active run with visible positions; edges chain turns."""
+    g = G()
+    b0 = g.conversation()
+    _, r1 = g.turn(b0, "a", finish=False)
+    _, r2 = g.turn(b0, "b", finish=False)
+    _, r3 = g.turn(b0, "c", finish=False)
+    admitted = graph.next_admissions(g.s, at=g.at())
+    assert [a.run_id for a in admitted] == [r1]
+    graph.apply(g.s, admitted[0])
+    assert graph.next_admissions(g.s, at=g.at()) == []
+    positions = [g.s.turns[g.s.runs[r].turn_id].queue_position for r in (r1, r2, r3)]
+    assert positions == [None, 1, 2]
+    continued = [e for e in g.s.edges.values() if e.kind == "continued"]
+    t1, t2, t3 = (g.s.runs[r].turn_id for r in (r1, r2, r3))
+    assert {(e.source_id, e.destination_id) for e in continued} == {
+        (b0, t1),
+        (t1, t2),
+        (t2, t3),
+    }
+
+
+def test_admission_limit_and_fair_order_across_branches() -> None:
+    """The oldest waiting branch head goes first and the limit caps admissions."""
+    g = G()
+    a = g.conversation()
+    b = g.conversation(workspace="/w/b")
+    _, ra = g.turn(a, "a", finish=False)
+    _, rb = g.turn(b, "b", finish=False)
+    assert [x.run_id for x in graph.next_admissions(g.s, at=g.at(), limit=1)] == [ra]
+    assert [x.run_id for x in graph.next_admissions(g.s, at=g.at())] == [ra, rb]
+
+
+def test_run_transition_table_is_closed_and_terminal_states_are_final() -> None:
+    """Every state has a row, terminal rows are empty, and illegal moves have stable codes."""
+    assert set(RUN_TRANSITIONS) == {
+        "queued",
+        "admitted",
+        "running",
+        "blocked",
+        "detached",
+        "cancelling",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "unknown",
+    }
+    for state in TERMINAL_RUN_STATES:
+        assert RUN_TRANSITIONS[state] == {}  # type: ignore[index]
+    with pytest.raises(BraidError) as illegal:
+        graph.next_state("run_1", "queued", "dispatch")
+    assert illegal.value.code == "illegal_transition"
+    with pytest.raises(BraidError) as terminal:
+        graph.next_state("run_1", "succeeded", "fail")
+    assert terminal.value.code == "terminal_run_mutation"
+
+
+def test_terminal_run_refuses_every_event() -> None:
+    """A finished run can't stream, finish again, or ask anything."""
+    g = G()
+    b0 = g.conversation()
+    _, run_id = g.turn(b0, "one")
+    run = g.s.runs[run_id]
+    before = graph.checksum(g.s)
+    for ev in (
+        RunPartUpdated(
+            run.conversation_id, run_id, run.assistant_message_id or "", TextPart("p", "x"), g.at()
+        ),
+        RunFinished(
+            run.conversation_id, run_id, "failed", Outcome("failed"), Usage(), None, None, g.at()
+        ),
+        RunInteractionRequested(
+            run.conversation_id,
+            run_id,
+            Interaction("int_9", "permission", {}, "pending", g.at()),
+            g.at(),
+        ),
+    ):
+        with pytest.raises(BraidError) as caught:
+            graph.apply(g.s, ev)
+        assert caught.value.code == "terminal_run_mutation"
+    assert graph.checksum(g.s) == before
+
+
+def test_cross_workspace_binding_needs_an_explicit_edge() -> None:
+    """An environment of another workspace binds only with a forked_environment edge."""
+    g = G()
+    b0 = g.conversation("/w/a")
+    conv = g.s.branches[b0].conversation_id
+    source_env = g.s.branches[b0].environment_id
+    assert source_env is not None
+    foreign = Environment("env_far", "local_directory", "/w/elsewhere")
+    with pytest.raises(BraidError) as caught:
+        graph.apply(g.s, EnvironmentBound(conv, b0, foreign, None, g.at()))
+    assert caught.value.code == "cross_workspace_binding"
+    edge = Edge(
+        "edge_f", "forked_environment", source_env, "env_far", "op_f", g.at(), "sha256:" + "4" * 64
+    )
+    graph.apply(g.s, EnvironmentBound(conv, b0, foreign, edge, g.at()))
+    assert g.s.branches[b0].environment_id == "env_far"
+
+
+def test_edges_never_close_a_cycle() -> None:
+    """An edge back to an ancestor is refused with graph_cycle."""
+    g = G()
+    b0 = g.conversation()
+    g.turn(b0, "one")
+    conv = g.s.branches[b0].conversation_id
+    turn_id = next(iter(g.s.turns))
+    back = Edge(
+        "edge_back", "forked_environment", turn_id, b0, "op_x", g.at(), "sha256:" + "5" * 64
+    )
+    env = Environment(b0, "local_directory", "/w/a")
+    with pytest.raises(BraidError) as caught:
+        graph.apply(g.s, EnvironmentBound(conv, b0, env, back, g.at()))
+    assert caught.value.code == "graph_cycle"
+
+
+def test_resumed_label_requires_continued_session() -> None:
+    """A run dispatched with a new session can't be reported as resumed."""
+    from braid_actors.model import RunSessionReported
+
+    g = G()
+    b0 = g.conversation()
+    _, run_id = g.turn(b0, "one", finish=False)
+    for adm in graph.next_admissions(g.s, at=g.at()):
+        graph.apply(g.s, adm)
+    graph.apply(
+        g.s,
+        graph.dispatch(
+            g.s,
+            run_id=run_id,
+            receipt="sha256:" + "6" * 64,
+            session_mode="new",
+            at=g.at(),
+            ids=g.ids,
+        ),
+    )
+    conv = g.s.runs[run_id].conversation_id
+    with pytest.raises(BraidError) as caught:
+        graph.apply(g.s, RunSessionReported(conv, run_id, "sess_1", True, None, g.at()))
+    assert caught.value.code == "integrity_violation"
+    graph.apply(g.s, RunSessionReported(conv, run_id, "sess_1", False, "/x.jsonl", g.at()))
+    assert g.s.runs[run_id].provider_session_id == "sess_1"
