@@ -9,6 +9,7 @@ from braid_actors.model._codec import (
     is_digest,
     make_converter,
     parse_time,
+    structure_error,
 )
 from braid_actors.model._entities import (
     EDGE_KINDS,
@@ -151,4 +152,5 @@ __all__ = [
     "make_converter",
     "new_id",
     "parse_time",
+    "structure_error",
 ]

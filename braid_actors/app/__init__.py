@@ -1,0 +1,33 @@
+"""Application actions and the running application; every client calls these."""
+
+from braid_actors.app._actions import COMMANDS, Command, call, parse
+from braid_actors.app._errors import error_body, error_reply
+from braid_actors.app._service import (
+    APP_VERSION,
+    PROTOCOL_VERSION,
+    BraidApp,
+    default_home,
+    open_app,
+)
+from braid_actors.app._views import conversation_view, graph_view, run_record
+from braid_actors.app._wire import camel, to_wire, wire
+
+__all__ = [
+    "APP_VERSION",
+    "COMMANDS",
+    "PROTOCOL_VERSION",
+    "BraidApp",
+    "Command",
+    "call",
+    "camel",
+    "conversation_view",
+    "default_home",
+    "error_body",
+    "error_reply",
+    "graph_view",
+    "open_app",
+    "parse",
+    "run_record",
+    "to_wire",
+    "wire",
+]

@@ -1,0 +1,196 @@
+"""The running application: journal actor, runs supervisor, and the actions' shared plumbing.
+
+``open_app`` is started with ``nursery.start``: it opens the encrypted journal under the
+Braid home, rebuilds the graph (snapshot + tail), starts the journal actor and the runs
+supervisor in its own nursery, and hands back a :class:`BraidApp`. ``BraidApp.shutdown``
+journals ``application.shutdown.requested`` first, then drains or cancels runs, then stops
+services in reverse start order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from braid_actors import graph
+from braid_actors.errors import ShuttingDown, UnknownRun
+from braid_actors.journal import (
+    GraphAdmission,
+    Journal,
+    JournalHandle,
+    NewRecord,
+    Operation,
+    event_to_record,
+    load_or_create_key,
+    run_journal,
+)
+from braid_actors.model import Event, IdSource, Outcome, Run, RunFinished, digest, new_id
+from braid_actors.providers import LocalProvider, Provider
+from braid_actors.supervisor import RunsSupervisor, utc_now
+
+PROTOCOL_VERSION = 1
+APP_VERSION = "0.1.0"
+SNAPSHOT_EVERY = 5_000
+DEFAULT_DRAIN_GRACE = 30.0
+
+
+def default_home(env: Mapping[str, str] = os.environ) -> Path:
+    """``$BRAID_HOME``, else ``~/.braid``."""
+    return Path(env.get("BRAID_HOME") or Path.home() / ".braid")
+
+
+@attrs.define(eq=False)
+class BraidApp:
+    """Handle on a running Braid: state readers, committing helpers, lifecycle."""
+
+    home: Path
+    journal_path: Path
+    journal: JournalHandle
+    admission: GraphAdmission
+    runs: RunsSupervisor
+    providers: dict[str, Provider]
+    ids: IdSource
+    clock: Callable[[], Any] = utc_now
+    stopped: trio.Event = attrs.Factory(trio.Event)
+    _changed: trio.Event = attrs.Factory(trio.Event)
+    _shutting_down: bool = False
+
+    @property
+    def state(self) -> graph.GraphState:
+        """The committed graph (read model)."""
+        return self.admission.read
+
+    def notify(self, _records: object) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Wait for the next commit."""
+        await self._changed.wait()
+
+    async def mutate(
+        self,
+        command: str,
+        params: Mapping[str, Any],
+        operation_id: str | None,
+        build: Callable[[str], tuple[Event, dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """Run a mutating command idempotently under ``operationId``.
+
+        The canonical params digest binds the operation; the event and the ledger entry are
+        committed in one transaction. The journal actor checks its ledger before admission:
+        a retry with the same digest returns the recorded result and writes nothing (the
+        freshly built event is discarded); another digest is ``operation_conflict``.
+        """
+        if self._shutting_down:
+            raise ShuttingDown("Braid is shutting down and accepts no new work")
+        op_id = operation_id or new_id("op")
+        params_digest = digest({"command": command, "params": dict(params)})
+        event, result = build(op_id)
+        result = {**result, "operationId": op_id}
+        outcome = await self.journal.append(
+            [event_to_record(event)], Operation(op_id, command, params_digest, result)
+        )
+        assert outcome.result is not None
+        return dict(outcome.result)
+
+    async def record_app(self, record_type: str, data: Mapping[str, Any]) -> None:
+        await self.journal.append([NewRecord(stream="application", type=record_type, data=data)])
+
+    def run(self, run_id: str) -> Run:
+        run = self.state.runs.get(run_id)
+        if run is None:
+            raise UnknownRun(f"no run {run_id}", details={"runId": run_id})
+        return run
+
+    async def shutdown(self, *, drain: bool, grace: float = DEFAULT_DRAIN_GRACE) -> None:
+        """Journal the request, settle runs (drain or cancel), stop services in reverse."""
+        if self._shutting_down:
+            await self.stopped.wait()
+            return
+        self._shutting_down = True
+        await self.record_app(
+            "application.shutdown.requested",
+            {
+                "drain": drain,
+                "activeRuns": sorted(self.runs.active_runs()),
+                "at": str(self.clock()),
+            },
+        )
+        await self.runs.stop(drain=drain, grace=grace)
+        await self.record_app("application.stopped", {"at": str(self.clock())})
+        await self.journal.aclose()
+        self.stopped.set()
+
+
+async def _settle_orphans(app: BraidApp) -> None:
+    """Runs left active by a previous process: their outcome is unknown, never guessed.
+
+    Full reconciliation with providers (re-attach, replay, collect) belongs to the
+    supervisor; until it lands, an active run found at start is recorded ``unknown``.
+    """
+    for run in sorted(app.state.runs.values(), key=lambda r: r.run_id):
+        if run.state in ("admitted", "running", "blocked", "detached", "cancelling"):
+            event = RunFinished(
+                run.conversation_id,
+                run.run_id,
+                "unknown",
+                Outcome(
+                    "lost", "Braid restarted while this run was active; its outcome is unknown"
+                ),
+                run.usage,
+                run.cost_usd,
+                None,
+                app.clock(),
+            )
+            await app.journal.append([event_to_record(event)])
+
+
+async def open_app(
+    home: Path,
+    *,
+    env: Mapping[str, str] = os.environ,
+    admission_limit: int | None = None,
+    providers: Mapping[str, Provider] | None = None,
+    task_status: trio.TaskStatus[BraidApp] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run Braid until :meth:`BraidApp.shutdown`; hands the app to the starter."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = load_or_create_key(home, env)
+    journal = await trio.to_thread.run_sync(Journal.open, home, key)
+    try:
+        admission = await trio.to_thread.run_sync(GraphAdmission.load, journal)
+        async with trio.open_nursery() as nursery:
+            handle: JournalHandle = await nursery.start(
+                functools.partial(
+                    run_journal, journal, admission=admission, snapshot_every=SNAPSHOT_EVERY
+                )
+            )
+            found = dict(providers or {"local": LocalProvider(home / "runners" / "local")})
+            runs = RunsSupervisor(
+                handle, admission, found, admission_limit=admission_limit, ids=new_id
+            )
+            app = BraidApp(
+                home=home,
+                journal_path=home / "journal.sqlite3",
+                journal=handle,
+                admission=admission,
+                runs=runs,
+                providers=found,
+                ids=new_id,
+            )
+            admission.listeners.append(app.notify)
+            await app.record_app("application.started", {"version": APP_VERSION})
+            await _settle_orphans(app)
+            await nursery.start(runs.run)
+            task_status.started(app)
+            await app.stopped.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()

@@ -1,0 +1,493 @@
+"""The journal actor: the only writer of durable state.
+
+Theory of operation
+-------------------
+A producer calls :meth:`JournalHandle.append`. The handle encodes the payloads in the
+producer's own task (a payload that is not JSON-compatible is refused there, before it can
+reach a batch), puts one request on a bounded memory channel (backpressure is the
+``await send``) and waits on *that request's own* event.
+
+The actor takes the first queued request, drains whatever else is already queued
+(``receive_nowait``, up to ``max_batch``) and decides each request in order:
+
+1. its operation id is already in the ledger (committed, or accepted earlier in this batch):
+   the same parameter digest makes it a duplicate (nothing written, answered with the recorded
+   result and ``duplicate=True``); a different digest is an :class:`OperationConflict`;
+2. otherwise ``admission.admit(records)`` runs; a :class:`BraidError` rejects this request
+   alone and the rest of the batch is unaffected.
+
+The accepted requests are then written in ONE transaction in a worker thread, so the event
+loop keeps queueing requests during the fsync. Back on the trio thread, and only after the
+commit returned: the ledger is updated, ``admission.committed(records)`` runs (the read model;
+admission is never touched from the thread), every request of THIS batch is answered, and the
+records are published to subscribers. Rejections are answered at the same point, because they
+may depend on requests staged earlier in the same batch. A request that arrived during the
+commit is still in the channel: it belongs to the next batch and is answered by the commit
+that contains it — there is no shared "batch done" signal.
+
+Failure: if the write raises, every request of the batch is answered with
+:class:`JournalError` (its outcome is unknown) and the actor raises — the admission has staged
+requests that were never committed, so it must not go on. Requests still queued, and any
+append made afterwards, get :class:`JournalClosed`.
+
+Subscribers get records committed after they subscribed, in order, through a memory channel of
+``buffer`` records. The writer never waits for a subscriber: one that falls more than
+``buffer`` records behind is dropped — its channel is closed, so it sees ``EndOfChannel``
+after the records it already has — and may catch up from the journal by ``seq``.
+
+The head file (``journal.head``, the loss detector) is written by a task of the actor's own
+nursery right after each acknowledgement, coalescing commits under load, so its fsync is off
+the acknowledgement path; it trails the database by at most the commits in flight, which the
+journal tolerates by design (a database ahead of its head is not a fault).
+
+Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interval`` seconds,
+in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
+admission on the trio thread right after a commit, encrypted in a thread while commits go on,
+and written by the actor between two batches.
+
+Shutdown: :meth:`JournalHandle.aclose` stops accepting (later appends get
+:class:`JournalClosed`; senders blocked on a full channel get it too), commits and
+acknowledges everything already queued, then the actor returns.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+import trio
+
+from braid_actors.errors import (
+    BraidError,
+    JournalClosed,
+    JournalCorrupt,
+    JournalError,
+    OperationConflict,
+)
+
+from ._encoding import PreparedAppend, prepare_append
+from ._records import AppendResult, CommittedRecord, NewRecord, Operation
+from ._store import Journal
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping, Sequence
+
+
+class Admission(Protocol):
+    """Validates requests before they are written and folds them once they are durable."""
+
+    def admit(self, records: Sequence[NewRecord]) -> None:
+        """Accept (and stage) one request's records, or raise a :class:`BraidError`."""
+        ...
+
+    def committed(self, records: Sequence[CommittedRecord]) -> None:
+        """Fold a durable batch, in order, into the read model."""
+        ...
+
+
+@runtime_checkable
+class SnapshottingAdmission(Admission, Protocol):
+    """An admission whose read model can be snapshotted."""
+
+    def snapshot(self) -> tuple[int, Mapping[str, Any]] | None:
+        """``(projection version, dumped read model)`` as of the last committed record.
+
+        The mapping is encrypted in another thread while later commits go on, so it must be a
+        value that later ``committed`` calls do not mutate (a fresh dump, or immutable).
+        """
+        ...
+
+
+class _NoAdmission:
+    def admit(self, records: Sequence[NewRecord]) -> None:
+        return None
+
+    def committed(self, records: Sequence[CommittedRecord]) -> None:
+        return None
+
+
+class _Request:
+    """One append waiting for its own answer.
+
+    The producer parks on the request itself (what ``trio.Event.wait`` does, without the
+    event's task set): this is the hottest path of the journal, once per append.
+    """
+
+    __slots__ = ("_task", "outcome", "prepared")
+
+    def __init__(self, prepared: PreparedAppend) -> None:
+        self.prepared = prepared
+        self.outcome: AppendResult | BraidError | None = None
+        self._task: trio.lowlevel.Task | None = None
+
+    def answer(self, outcome: AppendResult | BraidError) -> None:
+        """Give the answer (the first one wins) and wake the producer if it is parked."""
+        if self.outcome is None:
+            self.outcome = outcome
+            task, self._task = self._task, None
+            if task is not None:
+                trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> AppendResult | BraidError:
+        """Park until answered; cancelling the wait leaves the request queued."""
+        if self.outcome is None:
+            self._task = trio.lowlevel.current_task()
+
+            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+                self._task = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        assert self.outcome is not None
+        return self.outcome
+
+
+_WRITE, _DUP_BATCH, _DUP_RECORDED, _REFUSED = range(4)
+
+
+@attrs.define(eq=False)
+class _Plan:
+    """How each request of a batch will be answered once the batch is written."""
+
+    writes: list[PreparedAppend] = attrs.Factory(list)
+    lookups: set[str] = attrs.Factory(set)
+    items: list[tuple[_Request, int, Any]] = attrs.Factory(list)
+
+
+@attrs.define(eq=False)
+class _Actor:
+    journal: Journal
+    admission: Admission
+    snapshots: SnapshottingAdmission | None
+    max_batch: int
+    checkpoint_interval: float
+    snapshot_every: int | None
+    ledger: dict[str, str]
+    last_seq: int
+    last_snapshot_seq: int
+    subscribers: set[trio.MemorySendChannel[CommittedRecord]] = attrs.Factory(set)
+    closing: bool = False
+    stopped: trio.Event = attrs.Factory(trio.Event)
+    writer: trio.Lock = attrs.Factory(trio.Lock)
+    snapshotting: bool = False
+    inflight: list[_Request] = attrs.Factory(list)
+    head_dirty: trio.Event = attrs.Factory(trio.Event)
+
+    async def serve(
+        self, receive: trio.MemoryReceiveChannel[_Request], nursery: trio.Nursery
+    ) -> None:
+        while True:
+            try:
+                first = await receive.receive()
+            except trio.EndOfChannel:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            self.inflight = batch
+            await self._process(batch, nursery)
+            self.inflight = []
+
+    def _plan(self, batch: list[_Request]) -> _Plan:
+        plan = _Plan()
+        staged: dict[str, tuple[str, _Request]] = {}  # op_id -> (digest, request) of this batch
+        for req in batch:
+            op = req.prepared.operation
+            if op is not None:
+                digest, earlier = staged.get(op.op_id, (self.ledger.get(op.op_id), None))
+                if digest is not None:
+                    if digest != op.params_digest:
+                        conflict = OperationConflict(
+                            f"operation {op.op_id} was already used with other parameters",
+                            details={"op_id": op.op_id},
+                        )
+                        plan.items.append((req, _REFUSED, conflict))
+                    elif earlier is not None:
+                        plan.items.append((req, _DUP_BATCH, earlier))
+                    else:
+                        plan.lookups.add(op.op_id)
+                        plan.items.append((req, _DUP_RECORDED, op.op_id))
+                    continue
+            try:
+                self.admission.admit(req.prepared.records)
+            except BraidError as exc:
+                plan.items.append((req, _REFUSED, exc))
+                continue
+            plan.items.append((req, _WRITE, len(plan.writes)))
+            plan.writes.append(req.prepared)
+            if op is not None:
+                staged[op.op_id] = (op.params_digest, req)
+        return plan
+
+    def _write(
+        self, writes: list[PreparedAppend], lookups: set[str]
+    ) -> tuple[list[list[CommittedRecord]], dict[str, Operation]]:
+        """Runs in a worker thread: touches the journal only, never the admission."""
+        recorded: dict[str, Operation] = {}
+        for op_id in lookups:
+            op = self.journal.get_operation(op_id)
+            if op is None:
+                raise JournalCorrupt(f"operation {op_id} is in the ledger but not in the journal")
+            recorded[op_id] = op
+        committed = self.journal.commit_prepared(writes, sync_head=False) if writes else []
+        return committed, recorded
+
+    async def _process(self, batch: list[_Request], nursery: trio.Nursery) -> None:
+        try:
+            plan = self._plan(batch)
+        except BaseException:
+            _fail(batch, "the journal's admission failed while checking this request")
+            raise
+        committed: list[list[CommittedRecord]] = []
+        recorded: dict[str, Operation] = {}
+        if plan.writes or plan.lookups:
+            async with self.writer:
+                try:
+                    committed, recorded = await trio.to_thread.run_sync(
+                        self._write, plan.writes, plan.lookups
+                    )
+                except BaseException:
+                    _fail(batch, "the journal could not write this request's batch")
+                    raise
+        records = [rec for group in committed for rec in group]
+        for prepared in plan.writes:
+            if prepared.operation is not None:
+                self.ledger[prepared.operation.op_id] = prepared.operation.params_digest
+        if records:
+            self.last_seq = records[-1].seq
+        if plan.writes:
+            self.head_dirty.set()
+        try:
+            if records:
+                self.admission.committed(records)
+        finally:
+            for req, kind, arg in plan.items:
+                req.answer(_answer(req, kind, arg, committed, recorded))
+            self._publish(records)
+        self._maybe_snapshot(nursery)
+
+    def _publish(self, records: list[CommittedRecord]) -> None:
+        if not records:
+            return
+        for sub in list(self.subscribers):
+            try:
+                for rec in records:
+                    sub.send_nowait(rec)
+            except trio.WouldBlock:
+                sub.close()  # fell more than its buffer behind: dropped
+                self.subscribers.discard(sub)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.subscribers.discard(sub)
+
+    def _maybe_snapshot(self, nursery: trio.Nursery) -> None:
+        if self.snapshots is None or self.snapshot_every is None or self.snapshotting:
+            return
+        if self.last_seq - self.last_snapshot_seq < self.snapshot_every:
+            return
+        taken = self.snapshots.snapshot()
+        if taken is None:
+            return
+        version, state = taken
+        self.snapshotting = True
+        self.last_snapshot_seq = self.last_seq
+        nursery.start_soon(self._write_snapshot, self.last_seq, version, state)
+
+    async def _write_snapshot(self, seq: int, version: int, state: Mapping[str, Any]) -> None:
+        try:
+            sealed = await trio.to_thread.run_sync(self.journal.seal_snapshot, seq, version, state)
+            async with self.writer:
+                await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
+        finally:
+            self.snapshotting = False
+
+    async def background(self, scope: trio.CancelScope) -> None:
+        """Checkpoints and head writes, until ``scope`` is cancelled at shutdown."""
+        with scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._checkpoint_loop)
+                nursery.start_soon(self._head_loop)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await trio.sleep(self.checkpoint_interval)
+            await trio.to_thread.run_sync(self.journal.checkpoint)
+
+    async def _head_loop(self) -> None:
+        while True:
+            await self.head_dirty.wait()
+            self.head_dirty = trio.Event()
+            await trio.to_thread.run_sync(self.journal.write_head)
+
+    def abandon(self, receive: trio.MemoryReceiveChannel[_Request]) -> None:
+        """Answer every request that will never be written, then close the channels."""
+        self.closing = True
+        for req in self.inflight:
+            req.answer(JournalClosed("the journal stopped before this request was written"))
+        while True:
+            try:
+                req = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            req.answer(JournalClosed("the journal stopped before this request was written"))
+        receive.close()
+        for sub in self.subscribers:
+            sub.close()
+        self.subscribers.clear()
+
+
+def _answer(
+    req: _Request,
+    kind: int,
+    arg: Any,
+    committed: list[list[CommittedRecord]],
+    recorded: dict[str, Operation],
+) -> AppendResult | BraidError:
+    op = req.prepared.operation
+    if kind == _WRITE:
+        return AppendResult(tuple(committed[arg]), op.result if op else None, duplicate=False)
+    if kind == _DUP_BATCH:
+        original = arg.prepared.operation
+        return AppendResult((), original.result, duplicate=True)
+    if kind == _DUP_RECORDED:
+        return AppendResult((), recorded[arg].result, duplicate=True)
+    assert isinstance(arg, BraidError)
+    return arg
+
+
+def _fail(batch: list[_Request], why: str) -> None:
+    for req in batch:
+        req.answer(JournalError(f"{why}; its outcome is unknown and the journal stopped"))
+
+
+@attrs.define(eq=False)
+class JournalHandle:
+    """What producers hold: append, subscribe, and shut the journal actor down."""
+
+    _send: trio.MemorySendChannel[_Request]
+    _actor: _Actor
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last acknowledged record."""
+        return self._actor.last_seq
+
+    @property
+    def closed(self) -> bool:
+        """True once the journal stopped accepting appends."""
+        return self._actor.closing
+
+    async def append(
+        self, records: Sequence[NewRecord], operation: Operation | None = None
+    ) -> AppendResult:
+        """Append ``records`` (atomically) and return once the commit holding them is durable.
+
+        Raises the admission's :class:`BraidError` when the request is refused,
+        :class:`OperationConflict` when ``operation``'s id was used with other parameters,
+        :class:`BadRequest` when a payload is not JSON-compatible, :class:`JournalClosed` once
+        the journal stopped accepting appends, and :class:`JournalError` when the write failed
+        (the outcome is then unknown). A producer cancelled after sending does not withdraw
+        its request.
+        """
+        if self._actor.closing:
+            raise JournalClosed("the journal is shutting down and accepts no appends")
+        request = _Request(prepare_append(records, operation))
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled producer sends nothing
+        try:
+            try:
+                # fast path: queue without yielding; the wait below is this call's checkpoint
+                self._send.send_nowait(request)
+            except trio.WouldBlock:
+                await self._send.send(request)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise JournalClosed("the journal is shutting down and accepts no appends") from None
+        outcome = await request.wait()
+        if isinstance(outcome, BraidError):
+            raise outcome
+        return outcome
+
+    @asynccontextmanager
+    async def subscribe(
+        self, buffer: int = 1024
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[CommittedRecord]]:
+        """Receive records committed from now on; dropped when ``buffer`` records behind."""
+        if buffer < 1:
+            raise ValueError("a subscription needs a buffer of at least one record")
+        send, receive = trio.open_memory_channel[CommittedRecord](buffer)
+        if self._actor.closing:
+            send.close()
+        else:
+            self._actor.subscribers.add(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self._actor.subscribers.discard(send)
+            send.close()
+
+    async def aclose(self) -> None:
+        """Stop accepting appends, commit and acknowledge what is queued, wait for the end."""
+        self._actor.closing = True
+        await self._send.aclose()
+        await self._actor.stopped.wait()
+
+
+async def run_journal(
+    journal: Journal,
+    *,
+    admission: Admission | None = None,
+    capacity: int = 4096,
+    max_batch: int = 512,
+    checkpoint_interval: float = 1.0,
+    snapshot_every: int | None = None,
+    task_status: trio.TaskStatus[JournalHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the journal actor; start it with ``await nursery.start(run_journal, journal)``.
+
+    ``task_status.started`` receives the :class:`JournalHandle`. Returns after
+    :meth:`JournalHandle.aclose` has drained the queue; raises when a write fails. With
+    ``snapshot_every``, the admission must have a ``snapshot()`` method and a snapshot is
+    written once at least that many records were committed since the actor started or since
+    the previous snapshot.
+    """
+    if capacity < 0 or max_batch < 1 or checkpoint_interval <= 0:
+        raise ValueError("capacity >= 0, max_batch >= 1 and checkpoint_interval > 0 are required")
+    snapshots: SnapshottingAdmission | None = None
+    if snapshot_every is not None:
+        if snapshot_every < 1:
+            raise ValueError("snapshot_every must be at least 1")
+        if not isinstance(admission, SnapshottingAdmission):
+            raise TypeError("snapshot_every needs an admission with a snapshot() method")
+        snapshots = admission
+    ledger = await trio.to_thread.run_sync(journal.operation_digests)
+    actor = _Actor(
+        journal=journal,
+        admission=admission if admission is not None else _NoAdmission(),
+        snapshots=snapshots,
+        max_batch=max_batch,
+        checkpoint_interval=checkpoint_interval,
+        snapshot_every=snapshot_every,
+        ledger=ledger,
+        last_seq=journal.last_seq,
+        last_snapshot_seq=journal.last_seq,
+    )
+    send, receive = trio.open_memory_channel[_Request](capacity)
+    handle = JournalHandle(send, actor)
+    try:
+        async with trio.open_nursery() as nursery:
+            background = trio.CancelScope()
+            nursery.start_soon(actor.background, background)
+            task_status.started(handle)
+            await actor.serve(receive, nursery)
+            background.cancel(reason="the journal actor is stopping")
+        await trio.to_thread.run_sync(journal.write_head)
+        await trio.to_thread.run_sync(journal.checkpoint)
+    finally:
+        actor.abandon(receive)
+        send.close()
+        actor.stopped.set()

@@ -1,0 +1,150 @@
+"""Payload encryption, associated data, and the hash chain.
+
+Every payload is AES-256-GCM with a fresh 12-byte random nonce. The associated data binds a
+ciphertext to the row it belongs to, so a ciphertext moved to another row (another sequence
+number, stream, type, operation or snapshot) no longer decrypts:
+
+=============  ==========================================================================
+payload        associated data (fields framed by :func:`frame`)
+=============  ==========================================================================
+event          ``"braid.event.v1", seq, stream, type, committed_at``
+operation      ``"braid.op.v1", op_id, command, params_digest, seq``
+snapshot       ``"braid.snapshot.v1", seq``
+key check      ``"braid.keycheck.v1", format_version``
+=============  ==========================================================================
+
+The hash chain links events: ``hash_n = sha256(frame("braid.chain.v1", hash_{n-1}, seq,
+stream, type, committed_at, nonce, ciphertext))`` written ``sha256:<hex>``; the first event's
+``prev_hash`` is :data:`GENESIS_HASH`.
+
+:func:`frame` writes each field as a 4-byte big-endian length followed by its bytes (strings as
+UTF-8, integers as 8-byte big-endian signed), so no two different field lists frame alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from braid_actors.errors import JournalKeyError
+
+KEY_SIZE = 32
+NONCE_SIZE = 12
+GENESIS_HASH = "sha256:" + "0" * 64
+KEY_CHECK_PLAINTEXT = b"braid journal key check"
+
+
+class DecryptError(Exception):
+    """A ciphertext did not authenticate under this key and associated data (internal)."""
+
+
+def frame(*fields: bytes | str | int) -> bytes:
+    """Length-prefixed concatenation of ``fields`` (see the module docstring)."""
+    parts: list[bytes] = []
+    for value in fields:
+        if isinstance(value, bytes):
+            raw = value
+        elif isinstance(value, str):
+            raw = value.encode("utf-8")
+        else:
+            raw = value.to_bytes(8, "big", signed=True)
+        parts.append(len(raw).to_bytes(4, "big"))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _field(raw: bytes) -> bytes:
+    return len(raw).to_bytes(4, "big") + raw
+
+
+_SEQ = struct.Struct(">Iq")  # a framed integer: length 8, then the value
+_EVENT_TAG = _field(b"braid.event.v1")
+_CHAIN_TAG = _field(b"braid.chain.v1")
+
+
+def event_ad(seq: int, stream: str, type_: str, committed_at: str) -> bytes:
+    return event_ad_framed(seq, frame(stream, type_, committed_at))
+
+
+def event_ad_framed(seq: int, framed_tail: bytes) -> bytes:
+    """:func:`event_ad` with ``frame(stream, type, committed_at)`` computed by the caller.
+
+    The journal frames the tail once per (stream, type) in a batch; the bytes are identical.
+    """
+    return _EVENT_TAG + _SEQ.pack(8, seq) + framed_tail
+
+
+def operation_ad(op_id: str, command: str, params_digest: str, seq: int) -> bytes:
+    return frame("braid.op.v1", op_id, command, params_digest, seq)
+
+
+def snapshot_ad(seq: int) -> bytes:
+    return frame("braid.snapshot.v1", seq)
+
+
+def key_check_ad(format_version: int) -> bytes:
+    return frame("braid.keycheck.v1", format_version)
+
+
+def chain_hash(
+    prev_hash: str,
+    seq: int,
+    stream: str,
+    type_: str,
+    committed_at: str,
+    nonce: bytes,
+    ciphertext: bytes,
+) -> str:
+    """The chain link of one event (see the module docstring)."""
+    return chain_hash_framed(prev_hash, seq, frame(stream, type_, committed_at), nonce, ciphertext)
+
+
+def chain_hash_framed(
+    prev_hash: str, seq: int, framed_tail: bytes, nonce: bytes, ciphertext: bytes
+) -> str:
+    """:func:`chain_hash` with ``frame(stream, type, committed_at)`` computed by the caller."""
+    body = (
+        _CHAIN_TAG,
+        len(prev_hash).to_bytes(4, "big"),
+        prev_hash.encode("ascii"),
+        _SEQ.pack(8, seq),
+        framed_tail,
+        len(nonce).to_bytes(4, "big"),
+        nonce,
+        len(ciphertext).to_bytes(4, "big"),
+        ciphertext,
+    )
+    return "sha256:" + hashlib.sha256(b"".join(body)).hexdigest()
+
+
+class Sealer:
+    """AES-GCM with random nonces under one 32-byte key; safe to share between threads."""
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_SIZE:
+            raise JournalKeyError(f"the journal key must be {KEY_SIZE} bytes")
+        self._aead = AESGCM(key)
+
+    def seal(self, plaintext: bytes, ad: bytes) -> tuple[bytes, bytes]:
+        """Encrypt; returns ``(nonce, ciphertext_with_tag)``."""
+        nonce = os.urandom(NONCE_SIZE)
+        return nonce, self._aead.encrypt(nonce, plaintext, ad)
+
+    def encrypt(self, nonce: bytes, plaintext: bytes, ad: bytes) -> bytes:
+        """Encrypt under a caller-drawn random nonce (the journal draws a batch's at once)."""
+        return self._aead.encrypt(nonce, plaintext, ad)
+
+    def open(self, nonce: bytes, ciphertext: bytes, ad: bytes) -> bytes:
+        """Decrypt and authenticate, or raise :class:`DecryptError`."""
+        if len(nonce) != NONCE_SIZE:
+            raise DecryptError("bad nonce length")
+        try:
+            return self._aead.decrypt(nonce, ciphertext, ad)
+        except InvalidTag:
+            raise DecryptError("authentication failed") from None

@@ -1,0 +1,136 @@
+"""The graph as the journal's admission: a write model that validates, a read model that shows.
+
+Design note: the journal actor calls :meth:`GraphAdmission.admit` for each append request
+before the batch is written, and :meth:`GraphAdmission.committed` after the batch is
+durable. ``admit`` folds the request's graph event into the *write model* (``apply``
+validates before it mutates, so a refused event changes nothing). ``committed`` folds the
+same events into the *read model*, which is the only state readers see: nothing becomes
+visible before it is durable. Both are folds of the same events, so they agree once the
+journal has caught up.
+
+A request carries at most one graph event (plus any application records), so a refusal
+never leaves half a request in the write model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from braid_actors import graph
+from braid_actors.errors import BadRequest, JournalCorrupt
+from braid_actors.graph import GraphState
+from braid_actors.journal._records import CommittedRecord, NewRecord
+from braid_actors.journal._store import Journal
+from braid_actors.model import EVENT_TYPES, Event, converter
+
+APP_RECORD_TYPES: frozenset[str] = frozenset(
+    {
+        "application.started",
+        "application.shutdown.requested",
+        "application.stopped",
+    }
+)
+"""Journal records that are not graph events but are part of the durable history."""
+
+
+def event_to_record(event: Event) -> NewRecord:
+    """The journal form of a graph event: its stream, type and canonical fields."""
+    data = converter().unstructure(event)
+    del data["type"]
+    return NewRecord(stream=event.stream, type=event.type, data=data)
+
+
+def record_to_event(record_type: str, data: Mapping[str, Any]) -> Event:
+    """Inverse of :func:`event_to_record`."""
+    return converter().structure({**data, "type": record_type}, Event)  # type: ignore[arg-type]
+
+
+def is_graph_record(record_type: str) -> bool:
+    return record_type in EVENT_TYPES
+
+
+class GraphAdmission:
+    """Admission for the journal actor; ``read`` is the committed graph readers use."""
+
+    def __init__(self, state: GraphState | None = None, *, seq: int = 0) -> None:
+        base = state or GraphState()
+        self.read: GraphState = base
+        self._write: GraphState = graph.load_state(graph.dump_state(base))
+        self.seq = seq
+        """Journal sequence of the last record folded into the read model."""
+        self.listeners: list[Any] = []
+        """Callables invoked with each committed batch after the read model changed."""
+
+    @classmethod
+    def load(cls, journal: Journal) -> GraphAdmission:
+        """Rebuild from the newest snapshot of this projection version plus the tail."""
+        snap = journal.latest_snapshot(graph.PROJECTION_VERSION)
+        state, seq = GraphState(), 0
+        if snap is not None:
+            seq, payload = snap
+            state = graph.load_state(payload)
+        admission = cls(state, seq=seq)
+        tail = list(journal.read(after_seq=seq))
+        admission._replay(tail)
+        return admission
+
+    def _replay(self, records: Iterable[CommittedRecord]) -> None:
+        for record in records:
+            if is_graph_record(record.type):
+                event = record_to_event(record.type, record.data)
+                graph.apply(self._write, event, record.seq)
+                graph.apply(self.read, event, record.seq)
+            elif record.type not in APP_RECORD_TYPES:
+                raise JournalCorrupt(
+                    f"journal record {record.seq} has unknown type {record.type}",
+                    details={"seq": record.seq},
+                )
+            self.seq = record.seq
+
+    # ---- the journal actor's Admission protocol ----------------------------------------
+
+    def admit(self, records: Sequence[NewRecord]) -> None:
+        graph_records = [r for r in records if is_graph_record(r.type)]
+        unknown = [
+            r.type
+            for r in records
+            if not is_graph_record(r.type) and r.type not in APP_RECORD_TYPES
+        ]
+        if unknown:
+            raise BadRequest("unknown journal record type", details={"types": unknown})
+        if len(graph_records) > 1:
+            raise BadRequest("an append carries at most one graph event")
+        for record in graph_records:
+            graph.apply(self._write, record_to_event(record.type, record.data))
+
+    def committed(self, records: Sequence[CommittedRecord]) -> None:
+        for record in records:
+            if is_graph_record(record.type):
+                graph.apply(self.read, record_to_event(record.type, record.data), record.seq)
+            self.seq = record.seq
+        for listener in list(self.listeners):
+            listener(records)
+
+    def snapshot(self) -> tuple[int, Mapping[str, Any]] | None:
+        return graph.PROJECTION_VERSION, graph.dump_state(self.read)
+
+
+class GraphProjector:
+    """The graph fold for ``verify_journal``: replays records and checksums the result."""
+
+    version = graph.PROJECTION_VERSION
+
+    def initial(self) -> GraphState:
+        return GraphState()
+
+    def apply(self, state: GraphState, record: CommittedRecord) -> GraphState:
+        if is_graph_record(record.type):
+            graph.apply(state, record_to_event(record.type, record.data), record.seq)
+        return state
+
+    def checksum(self, state: GraphState) -> str:
+        return graph.checksum(state)
+
+    def dump(self, state: GraphState) -> Mapping[str, Any]:
+        return graph.dump_state(state)

@@ -1,0 +1,94 @@
+"""Creating a journal database and opening its writer connection."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+import sqlite_utils
+
+from braid_actors.errors import JournalCorrupt, JournalError
+
+from ._head import HEAD_FILE
+from ._inspect import DB_FILE, FORMAT_VERSION, new_key_check, sqlite_errors
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ._crypto import Sealer
+    from ._head import HeadFile
+
+
+def refuse_orphans(home: Path, head_file: HeadFile | None) -> None:
+    """Before creating a database: refuse when leftovers say one existed."""
+    if (home / f"{DB_FILE}-wal").exists():
+        raise JournalCorrupt(
+            f"{home} holds {DB_FILE}-wal but no {DB_FILE}; the database is missing"
+        )
+    known = head_file.read() if head_file is not None else None
+    if known is not None and known.commits > 0:
+        raise JournalCorrupt(
+            f"{home / HEAD_FILE} records {known.commits} commits but {DB_FILE} is missing"
+        )
+
+
+def connect_writer(path: Path, sealer: Sealer, *, fresh: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    try:
+        with sqlite_errors(path, "open the database"):
+            db = sqlite_utils.Database(conn)
+            conn.execute("PRAGMA busy_timeout = 5000")
+            db.enable_wal()
+            if db.journal_mode != "wal":
+                raise JournalError(f"the journal database {path} cannot use WAL mode")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            if fresh:
+                create_schema(db, sealer)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def create_schema(db: sqlite_utils.Database, sealer: Sealer) -> None:
+    with db.atomic():
+        db.table("meta").create({"name": str, "value": str}, pk="name", not_null={"value"})
+        db.table("events").create(
+            {
+                "seq": int,
+                "stream": str,
+                "type": str,
+                "committed_at": str,
+                "nonce": bytes,
+                "ciphertext": bytes,
+                "prev_hash": str,
+                "hash": str,
+            },
+            pk="seq",
+            not_null={"stream", "type", "committed_at", "nonce", "ciphertext", "prev_hash", "hash"},
+        )
+        db.table("operations").create(
+            {
+                "op_id": str,
+                "command": str,
+                "params_digest": str,
+                "seq": int,
+                "nonce": bytes,
+                "ciphertext": bytes,
+            },
+            pk="op_id",
+            not_null={"command", "params_digest", "seq", "nonce", "ciphertext"},
+        )
+        db.table("snapshots").create(
+            {"snapshot_id": int, "seq": int, "nonce": bytes, "ciphertext": bytes},
+            pk="snapshot_id",
+            not_null={"seq", "nonce", "ciphertext"},
+        )
+        db.table("meta").insert_all(
+            [
+                {"name": "format_version", "value": str(FORMAT_VERSION)},
+                {"name": "key_check", "value": new_key_check(sealer)},
+                {"name": "commits", "value": "0"},
+            ]
+        )

@@ -1,0 +1,436 @@
+"""The built-in ``local`` provider: each turn runs in a fresh local worker process.
+
+Design note. :meth:`LocalProvider.run_turn` starts ``python -m braid_actors.workers.local``
+in its own process group, waits (bounded) for ``hello``, sends ``start``, and then maps
+every worker message onto the :class:`RunSink` in order, one at a time, so nothing is
+reported before the sink has made the previous fact durable. Every wait on the worker has a
+deadline; waits on the sink (a human answering a permission) do not. The turn's result
+comes only from the worker's ``done``: a worker that ends without one gives a failed
+result that says so, never a guessed success; a worker that breaks the protocol raises
+:class:`~braid_actors.errors.ProviderProtocolError`. Cancellation asks the worker to
+``cancel``, waits a bounded time for its ``done``, then runs the stop ladder; the process
+group is gone before the cancellation propagates. The protocol is ``docs/local-runner.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import trio
+
+from braid_actors.errors import ProviderProtocolError
+from braid_actors.model import Usage
+from braid_actors.providers._port import (
+    Capabilities,
+    InteractionRequest,
+    RunSink,
+    SessionInfo,
+    SessionProof,
+    TurnRequest,
+    TurnResult,
+    WorkerInfo,
+)
+from braid_actors.workers import (
+    LOCAL_WORKER_MODULE,
+    PROTOCOL_VERSION,
+    SessionFileError,
+    StopPolicy,
+    WorkerProcess,
+    is_session_id,
+    local_worker_command,
+    open_worker,
+    read_session,
+    session_path,
+    structure_part,
+    unstructure_part,
+    worker_environment,
+)
+
+if TYPE_CHECKING:
+    from braid_actors.providers._port import PortableContext
+
+LOCAL_CAPABILITIES: Final = Capabilities(
+    sessions_continue=True,
+    sessions_fork=False,
+    portable_context=True,
+    interaction_kinds=("permission",),
+    usage="estimated",
+    cost=True,
+)
+"""What the local runner claims: it continues and proves its own sessions, accepts portable
+context, asks permission before shell commands, estimates tokens and reports a real 0 cost."""
+
+_OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
+
+
+@attrs.frozen
+class LocalTimeouts:
+    """Deadlines (seconds) for everything the provider waits for from its worker."""
+
+    startup: float = 15.0
+    """From spawn to ``hello``."""
+    idle: float = 120.0
+    """Between two worker messages (``?sleep`` streams at least every 0.25 s)."""
+    shell: float = 30.0
+    """Passed to the worker: how long one ``!`` shell command may run."""
+    cancel_grace: float = 3.0
+    """After ``cancel``, for the worker's ``done`` and exit."""
+    exit_grace: float = 5.0
+    """After ``done``, for the worker to exit by itself."""
+    term_grace: float = 2.0
+    """After SIGTERM to the worker's group."""
+    kill_grace: float = 2.0
+    """After SIGKILL to the worker's group."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.idle <= self.shell:
+            raise ValueError("the idle deadline must be longer than the shell time limit")
+
+
+@attrs.define(eq=False)
+class LocalProvider:
+    """The ``local`` runner; sessions live in ``sessions_dir`` as ``<session_id>.jsonl``."""
+
+    sessions_dir: Path
+    timeouts: LocalTimeouts = LocalTimeouts()
+    python: str = sys.executable
+    """The interpreter that runs the worker program."""
+
+    @property
+    def name(self) -> str:
+        return "local"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
+    def available(self) -> bool:
+        """True when the interpreter exists and can find the worker program."""
+        return (
+            Path(self.python).exists() and importlib.util.find_spec(LOCAL_WORKER_MODULE) is not None
+        )
+
+    async def run_turn(self, request: TurnRequest, sink: RunSink) -> TurnResult:
+        """Run one turn in a new worker process (see the module note).
+
+        Raises :class:`~braid_actors.errors.WorkerStartFailed` when the worker can't be
+        started and :class:`~braid_actors.errors.ProviderProtocolError` when it breaks the
+        protocol; every other ending is a :class:`TurnResult`.
+        """
+        timeouts = self.timeouts
+        command = local_worker_command(
+            self.sessions_dir, shell_timeout=timeouts.shell, python=self.python
+        )
+        policy = StopPolicy(
+            grace=timeouts.exit_grace,
+            term_grace=timeouts.term_grace,
+            kill_grace=timeouts.kill_grace,
+        )
+        async with open_worker(command, env=worker_environment(), policy=policy) as worker:
+            turn = _Turn(timeouts=timeouts, worker=worker, request=request, sink=sink)
+            try:
+                return await turn.run()
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    await turn.cancel_worker()
+                raise
+
+    async def prove_session(self, session_id: str) -> SessionProof:
+        """Read the session file (never modifying it) and report where it ends."""
+        if not is_session_id(session_id):
+            return SessionProof(session_id, available=False, reason="not a local session id")
+        path = session_path(self.sessions_dir, session_id)
+        try:
+            state = await trio.to_thread.run_sync(read_session, path)
+        except SessionFileError as exc:
+            return SessionProof(session_id, available=False, reason=f"{exc.code}: {exc.message}")
+        except OSError:
+            return SessionProof(
+                session_id, available=False, reason="session_unreadable: the file can't be read"
+            )
+        return SessionProof(
+            session_id, available=True, last_message_id=state.last_message_id, digest=state.digest
+        )
+
+
+def start_message(request: TurnRequest) -> dict[str, Any]:
+    """The protocol's ``start`` for a turn request."""
+    return {
+        "type": "start",
+        "runId": request.run_id,
+        "turnId": request.turn_id,
+        "userMessageId": request.user_message_id,
+        "assistantMessageId": request.assistant_message_id,
+        "text": request.text,
+        "workspace": str(request.workspace),
+        "session": {
+            "id": request.session.session_id,
+            "expectedBoundary": request.session.expected_boundary,
+            "expectedDigest": request.session.expected_digest,
+        },
+        "context": None if request.context is None else _context(request.context),
+    }
+
+
+def _context(context: PortableContext) -> dict[str, Any]:
+    return {
+        "sourceConversationId": context.source_conversation_id,
+        "sourceBranchId": context.source_branch_id,
+        "throughMessageId": context.through_message_id,
+        "complete": context.complete,
+        "digest": context.digest,
+        "messages": [
+            {
+                "messageId": message.message_id,
+                "role": message.role,
+                "parts": [unstructure_part(part) for part in message.parts],
+            }
+            for message in context.messages
+        ],
+    }
+
+
+class _Silent(Exception):
+    """The worker said nothing within a deadline (internal: becomes a failed result)."""
+
+
+@attrs.define(eq=False)
+class _Turn:
+    """One conversation with one worker process."""
+
+    timeouts: LocalTimeouts
+    worker: WorkerProcess
+    request: TurnRequest
+    sink: RunSink
+    session: SessionInfo | None = None
+    usage: Usage = attrs.Factory(Usage)
+    cost_usd: float | None = None
+    last_error: tuple[str, str] | None = None
+
+    async def run(self) -> TurnResult:
+        info = self.worker.info
+        await self.sink.worker_started(
+            WorkerInfo(
+                pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
+            )
+        )
+        try:
+            hello = await self._receive(self.timeouts.startup)
+            if hello is None:
+                return await self._ended_early()
+            if hello["type"] != "hello" or hello.get("protocol") != PROTOCOL_VERSION:
+                raise ProviderProtocolError(
+                    "the worker did not open with a hello for this protocol version",
+                    details={"type": hello["type"], "protocol": PROTOCOL_VERSION},
+                )
+            await self.worker.send(start_message(self.request))
+            while True:
+                message = await self._receive(self.timeouts.idle)
+                if message is None:
+                    return await self._ended_early()
+                result = await self._handle(message)
+                if result is not None:
+                    return result
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return await self._ended_early()  # its stdin closed: it is gone or going
+        except _Silent as silent:
+            with trio.CancelScope(shield=True):
+                await self.cancel_worker()
+            return self._failed(str(silent))
+
+    async def _receive(self, seconds: float) -> dict[str, Any] | None:
+        try:
+            with trio.fail_after(seconds):
+                return await self.worker.receive()
+        except trio.TooSlowError:
+            raise _Silent(
+                f"worker_unresponsive: the local worker sent nothing for {seconds:g} s"
+            ) from None
+
+    async def cancel_worker(self) -> None:
+        """Cooperative cancel, then the stop ladder; bounded; call it shielded."""
+
+        async def ask() -> None:
+            await self.worker.send({"type": "cancel"})
+            while (message := await self.worker.receive()) is not None:
+                if message["type"] == "done":
+                    return
+
+        policy = attrs.evolve(self.worker.policy, grace=self.timeouts.cancel_grace)
+        await self.worker.stop(ask, policy=policy)
+
+    async def _ended_early(self) -> TurnResult:
+        """The worker closed its output without ``done``: report how it ended."""
+        returncode: int | None = None
+        with trio.move_on_after(self.timeouts.exit_grace):
+            returncode = await self.worker.wait()
+        if returncode is None:
+            return self._failed(
+                "worker_exited: the local worker closed its output before it reported the end "
+                "of the turn"
+            )
+        how = (
+            f"was ended by signal {-returncode}"
+            if returncode < 0
+            else f"exited with status {returncode}"
+        )
+        return self._failed(
+            f"worker_exited: the local worker {how} before it reported the end of the turn"
+        )
+
+    def _failed(self, reason: str) -> TurnResult:
+        return TurnResult(
+            outcome="failed",
+            reason=reason,
+            usage=self.usage,
+            cost_usd=self.cost_usd,
+            session_id=None if self.session is None else self.session.session_id,
+        )
+
+    # ---- messages ----------------------------------------------------------------------
+
+    async def _handle(self, message: dict[str, Any]) -> TurnResult | None:
+        kind = message["type"]
+        if kind == "session":
+            await self._on_session(message)
+        elif kind == "part":
+            self._require_session(kind)
+            await self.sink.part(structure_part(message.get("part")))
+        elif kind == "interaction":
+            self._require_session(kind)
+            await self._on_interaction(message)
+        elif kind == "usage":
+            self._require_session(kind)
+            await self._on_usage(message)
+        elif kind == "error":
+            self.last_error = (_text(message, "code"), _text(message, "message"))
+        elif kind == "done":
+            return self._on_done(message)
+        else:
+            raise ProviderProtocolError(
+                "the worker sent a message type this protocol does not have",
+                details={"type": kind},
+            )
+        return None
+
+    def _require_session(self, kind: str) -> None:
+        if self.session is None:
+            raise ProviderProtocolError(
+                "the worker sent a message before naming its session", details={"type": kind}
+            )
+
+    async def _on_session(self, message: dict[str, Any]) -> None:
+        if self.session is not None:
+            raise ProviderProtocolError("the worker named its session twice")
+        session_id = _text(message, "sessionId")
+        resumed = message.get("resumed")
+        path = _optional_text(message, "path")
+        requested = self.request.session.session_id
+        if not is_session_id(session_id) or not isinstance(resumed, bool):
+            raise ProviderProtocolError("the worker's session message is malformed")
+        if resumed != (requested is not None) or (requested not in (None, session_id)):
+            raise ProviderProtocolError(
+                "the worker's session does not match the requested one",
+                details={"requested": requested, "reported": session_id, "resumed": resumed},
+            )
+        self.session = SessionInfo(session_id=session_id, resumed=resumed, trace_path=path)
+        await self.sink.session(self.session)
+
+    async def _on_interaction(self, message: dict[str, Any]) -> None:
+        interaction_id = _text(message, "interactionId")
+        kind = _text(message, "kind")
+        subject = message.get("subject")
+        if kind not in LOCAL_CAPABILITIES.interaction_kinds or not isinstance(subject, dict):
+            raise ProviderProtocolError(
+                "the worker asked an interaction it does not declare", details={"kind": kind}
+            )
+        answer = await self.sink.interaction(
+            InteractionRequest(interaction_id=interaction_id, kind=kind, subject=subject)
+        )
+        await self.worker.send(
+            {
+                "type": "interaction_response",
+                "interactionId": interaction_id,
+                "allow": answer.allow,
+                "message": answer.message,
+            }
+        )
+
+    async def _on_usage(self, message: dict[str, Any]) -> None:
+        if message.get("source") != "estimate":
+            raise ProviderProtocolError("the local worker's usage must be labelled estimate")
+        cost = message.get("costUsd")
+        if cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool)):
+            raise ProviderProtocolError("the worker's costUsd is not a number")
+        if cost is not None and cost < 0:
+            raise ProviderProtocolError("the worker's costUsd is negative")
+        self.usage = Usage(
+            input_tokens=_count(message, "inputTokens"),
+            output_tokens=_count(message, "outputTokens"),
+            source="estimate",
+        )
+        self.cost_usd = None if cost is None else float(cost)
+        await self.sink.usage(self.usage, self.cost_usd)
+
+    def _on_done(self, message: dict[str, Any]) -> TurnResult:
+        outcome = message.get("outcome")
+        if outcome not in _OUTCOMES:
+            raise ProviderProtocolError("the worker's done has no known outcome")
+        if outcome == "completed" and self.session is None:
+            raise ProviderProtocolError("the worker completed a turn without naming its session")
+        reason = _optional_text(message, "reason")
+        if reason is None and outcome != "completed" and self.last_error is not None:
+            reason = f"{self.last_error[0]}: {self.last_error[1]}"
+        session_id = _optional_text(message, "sessionId")
+        if self.session is not None and session_id != self.session.session_id:
+            raise ProviderProtocolError("the worker's done names a different session")
+        return TurnResult(
+            outcome=_outcome(outcome),
+            reason=reason,
+            usage=self.usage,
+            cost_usd=self.cost_usd,
+            session_id=session_id,
+            session_boundary=_optional_text(message, "sessionBoundary"),
+            session_digest=_optional_text(message, "sessionDigest"),
+        )
+
+
+def _outcome(value: str) -> Literal["completed", "failed", "cancelled"]:
+    if value == "completed":
+        return "completed"
+    return "failed" if value == "failed" else "cancelled"
+
+
+def _text(message: dict[str, Any], key: str) -> str:
+    value = _optional_text(message, key)
+    if value is None:
+        raise ProviderProtocolError(
+            "a worker message lacks a required field",
+            details={"type": message.get("type"), "field": key},
+        )
+    return value
+
+
+def _optional_text(message: dict[str, Any], key: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProviderProtocolError(
+            "a worker message field is not a string",
+            details={"type": message.get("type"), "field": key},
+        )
+    return value
+
+
+def _count(message: dict[str, Any], key: str) -> int | None:
+    value = message.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise ProviderProtocolError(
+            "a worker token count is not a non-negative integer", details={"field": key}
+        )
+    return value

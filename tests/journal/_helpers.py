@@ -1,0 +1,123 @@
+"""Test doubles and file helpers for the journal tests."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from braid_actors.errors import BadRequest
+from braid_actors.journal import CommittedRecord, Journal, NewRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+    from braid_actors.journal._encoding import PreparedAppend
+
+SIDE_FILES = ("journal.sqlite3-wal", "journal.sqlite3-shm")
+
+
+def rec(n: int, *, stream: str = "s", type_: str = "t", **extra: Any) -> NewRecord:
+    return NewRecord(stream, type_, {"n": n, **extra})
+
+
+def file_hashes(home: Path) -> dict[str, str]:
+    """sha256 of every file in ``home`` except SQLite's shared-memory index."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(home.iterdir())
+        if p.is_file() and not p.name.endswith("-shm")
+    }
+
+
+def assert_untouched(before: Mapping[str, str], after: Mapping[str, str]) -> None:
+    """Every file that existed is byte-identical; the only new files are empty side files."""
+    for name, digest in before.items():
+        assert after.get(name) == digest, f"{name} changed"
+    empty = hashlib.sha256(b"").hexdigest()
+    for name in set(after) - set(before):
+        assert name in SIDE_FILES and after[name] == empty, f"{name} was created"
+
+
+class GatedJournal(Journal):
+    """A real journal whose commits each wait until the test releases them."""
+
+    entered: queue.Queue[list[PreparedAppend]]
+    gate: threading.Semaphore
+
+    def arm(self) -> GatedJournal:
+        self.entered = queue.Queue()
+        self.gate = threading.Semaphore(0)
+        return self
+
+    def commit_prepared(
+        self, batch: Sequence[PreparedAppend], *, sync_head: bool = True
+    ) -> list[list[CommittedRecord]]:
+        self.entered.put(list(batch))
+        if not self.gate.acquire(timeout=10):
+            raise RuntimeError("the test never released this commit")
+        return super().commit_prepared(batch, sync_head=sync_head)
+
+    async def next_commit(self) -> list[PreparedAppend]:
+        """The batch of the next commit, once it is inside ``commit_prepared``."""
+        get = functools.partial(self.entered.get, timeout=10)
+        return await trio.to_thread.run_sync(get)
+
+
+class RecordingAdmission:
+    """Refuses records of type ``bad``; records what it saw and on which thread."""
+
+    def __init__(self) -> None:
+        self.admitted: list[list[NewRecord]] = []
+        self.committed_batches: list[list[CommittedRecord]] = []
+        self.threads: set[int] = set()
+
+    def admit(self, records: Sequence[NewRecord]) -> None:
+        self.threads.add(threading.get_ident())
+        if any(r.type == "bad" for r in records):
+            raise BadRequest("records of type bad are refused")
+        self.admitted.append(list(records))
+
+    def committed(self, records: Sequence[CommittedRecord]) -> None:
+        self.threads.add(threading.get_ident())
+        self.committed_batches.append(list(records))
+
+
+class CountingAdmission(RecordingAdmission):
+    """A read model that counts committed records and can be snapshotted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def committed(self, records: Sequence[CommittedRecord]) -> None:
+        super().committed(records)
+        self.count += len(records)
+
+    def snapshot(self) -> tuple[int, Mapping[str, Any]] | None:
+        return 1, {"count": self.count}
+
+
+class CountProjector:
+    """Projector for verification: counts records per type."""
+
+    version = 1
+
+    def initial(self) -> dict[str, int]:
+        return {}
+
+    def apply(self, state: dict[str, int], record: CommittedRecord) -> dict[str, int]:
+        return {**state, record.type: state.get(record.type, 0) + 1}
+
+    def checksum(self, state: dict[str, int]) -> str:
+        from braid_actors.model._codec import digest
+
+        return digest(state)
+
+    def dump(self, state: dict[str, int]) -> Mapping[str, Any]:
+        return state

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``tools/bench``: one module per subcommand, listed in ``__main__``."""

@@ -1,0 +1,37 @@
+"""``tools/bench <name> [options]``: dispatch to one benchmark module.
+
+Add a benchmark by writing ``tools/benchmarks/<module>.py`` with ``main(argv) -> int`` and a
+row in :data:`COMMANDS`. Modules are imported only when their command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module in this package, one-line description)
+    "journal": ("journal", "journal actor throughput and ack latency against raw SQLite"),
+}
+
+
+def usage() -> str:
+    rows = "\n".join(f"  {name:<10} {desc}" for name, (_, desc) in sorted(COMMANDS.items()))
+    return f"usage: tools/bench <benchmark> [options]\n\nbenchmarks:\n{rows}\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        sys.stderr.write(f"unknown benchmark {name!r}\n\n{usage()}")
+        return 2
+    module = importlib.import_module(f".{COMMANDS[name][0]}", __package__)
+    code: int = module.main(rest)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
