@@ -18,7 +18,7 @@ import cattrs
 import trio
 
 from braid_actors import graph
-from braid_actors.app._service import PROTOCOL_VERSION, APP_VERSION, BraidApp
+from braid_actors.app._service import APP_VERSION, PROTOCOL_VERSION, BraidApp
 from braid_actors.app._views import (
     conversation_summary,
     conversation_view,
@@ -127,8 +127,8 @@ async def status(app: BraidApp, _p: NoParams) -> dict[str, Any]:
 
 
 async def create_conversation(app: BraidApp, p: CreateConversationParams) -> dict[str, Any]:
-    workspace = str(Path(p.workspace).expanduser())
-    if not Path(workspace).is_absolute() or not Path(workspace).is_dir():
+    workspace = p.workspace
+    if not Path(workspace).is_absolute() or not await trio.Path(workspace).is_dir():
         raise BadRequest(
             "workspace must be an existing directory given as an absolute path",
             details={"field": "workspace"},

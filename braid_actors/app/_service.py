@@ -13,12 +13,11 @@ import functools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from braid_actors import graph
 from braid_actors.errors import ShuttingDown, UnknownRun
 from braid_actors.journal import (
     GraphAdmission,
@@ -33,6 +32,9 @@ from braid_actors.journal import (
 from braid_actors.model import Event, IdSource, Outcome, Run, RunFinished, digest, new_id
 from braid_actors.providers import LocalProvider, Provider
 from braid_actors.supervisor import RunsSupervisor, utc_now
+
+if TYPE_CHECKING:
+    from braid_actors import graph
 
 PROTOCOL_VERSION = 1
 APP_VERSION = "0.1.0"
@@ -161,7 +163,7 @@ async def open_app(
     task_status: trio.TaskStatus[BraidApp] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run Braid until :meth:`BraidApp.shutdown`; hands the app to the starter."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    await trio.Path(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     key = load_or_create_key(home, env)
     journal = await trio.to_thread.run_sync(Journal.open, home, key)
     try:

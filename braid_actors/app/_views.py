@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid_actors import graph
 from braid_actors.app._wire import to_wire
-from braid_actors.graph import GraphState
 from braid_actors.model import Run, digest
+
+if TYPE_CHECKING:
+    from braid_actors.graph import GraphState
 
 SESSION_LABELS = {
     "new": "new session",
@@ -21,7 +23,7 @@ def run_record(state: GraphState, run: Run) -> dict[str, Any]:
     view: dict[str, Any] = to_wire(run)
     view["queuePosition"] = graph.queue_position(state, run.branch_id, run.run_id)
     # The label is derived from the recorded session mode, never from the provider's claim.
-    view["sessionLabel"] = SESSION_LABELS.get(run.session_mode or "", None)
+    view["sessionLabel"] = SESSION_LABELS.get(run.session_mode or "")
     return view
 
 

@@ -7,13 +7,15 @@ the journal keep Python names. This is the only place the two spellings meet.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from braid_actors.model import make_converter
+
+if TYPE_CHECKING:
+    import cattrs
 
 
 def camel(name: str) -> str:
@@ -40,18 +42,14 @@ def wire() -> cattrs.Converter:
     """Converter for everything that crosses the client boundary."""
     conv = make_converter()
 
+    def renames(cls: type[Any]) -> dict[str, Any]:
+        return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cls)}
+
     def unstructure_factory(cls: type[Any]) -> Any:
-        return make_dict_unstructure_fn(
-            cls, conv, **{a.name: override(rename=camel(a.name)) for a in attrs.fields(cls)}
-        )
+        return make_dict_unstructure_fn(cls, conv, **renames(cls))
 
     def structure_factory(cls: type[Any]) -> Any:
-        return make_dict_structure_fn(
-            cls,
-            conv,
-            _cattrs_forbid_extra_keys=True,
-            **{a.name: override(rename=camel(a.name)) for a in attrs.fields(cls)},
-        )
+        return make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames(cls))
 
     # Clients get no silent coercion: "5" is not an int and 1 is not a bool.
     for kind in (str, int, float, bool):

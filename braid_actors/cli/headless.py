@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -24,6 +24,9 @@ from braid_actors.errors import (
     MalformedJson,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
 MAX_LINE = 4 * 1024 * 1024
 _OWED_REPLY_GRACE = 2.0
 _CHUNK = 65_536
@@ -33,7 +36,7 @@ class _TooLong:
     """Marker for a line that exceeded :data:`MAX_LINE` (its bytes were discarded)."""
 
 
-async def read_lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes | _TooLong]:
+async def read_lines(stream: trio.abc.ReceiveStream) -> AsyncGenerator[bytes | _TooLong, None]:
     """Lines without their newline; a line over the limit yields one ``_TooLong``."""
     buf = bytearray()
     discarding = False
@@ -110,25 +113,28 @@ async def serve_lines(app: BraidApp, reader: trio.abc.ReceiveStream, writer: Wri
             else:
                 await writer.send({"id": request_id, "ok": True, "result": result})
 
-        async for line in read_lines(reader):
-            if isinstance(line, _TooLong):
-                await writer.send(error_reply(None, LineTooLong("the line is longer than 4 MiB")))
-                continue
-            if not line.strip():
-                continue
-            request_id: Any = None
-            try:
-                request_id, command, params = _envelope(line)
-                spec, _ = parse(command, params)  # bad params fail here, before anything runs
-            except BraidError as exc:
-                await writer.send(error_reply(request_id, exc))
-                continue
-            if spec.waits:
-                waits.start_soon(handle, request_id, command, params)
-            else:
-                await handle(request_id, command, params)
-            if app.stopped.is_set():
-                break
+        async with aclosing(read_lines(reader)) as lines:
+            async for line in lines:
+                if isinstance(line, _TooLong):
+                    await writer.send(
+                        error_reply(None, LineTooLong("the line is longer than 4 MiB"))
+                    )
+                    continue
+                if not line.strip():
+                    continue
+                request_id: Any = None
+                try:
+                    request_id, command, params = _envelope(line)
+                    spec, _ = parse(command, params)  # bad params fail here, before anything runs
+                except BraidError as exc:
+                    await writer.send(error_reply(request_id, exc))
+                    continue
+                if spec.waits:
+                    waits.start_soon(handle, request_id, command, params)
+                else:
+                    await handle(request_id, command, params)
+                if app.stopped.is_set():
+                    break
         # EOF or shutdown: settle runs (drain), then give owed wait replies a moment.
         if not app.stopped.is_set():
             await app.shutdown(drain=True)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from braid_actors.app import default_home, error_body, open_app
 from braid_actors.errors import BraidError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from braid_actors.errors import JournalKeyError
 from braid_actors.journal import GraphProjector, VerifyReport, parse_key, verify_journal
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
 
 KEY_FILE = "journal.key"
 

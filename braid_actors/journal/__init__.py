@@ -17,7 +17,6 @@ and folds committed records into its read model.
 from ._actor import Admission, JournalHandle, SnapshottingAdmission, run_journal
 from ._keys import load_or_create_key, parse_key
 from ._projection import (
-    APP_RECORD_TYPES,
     GraphAdmission,
     GraphProjector,
     event_to_record,
@@ -28,7 +27,6 @@ from ._store import Journal
 from ._verify import Projector, VerifyReport, verify_journal
 
 __all__ = [
-    "APP_RECORD_TYPES",
     "Admission",
     "AppendResult",
     "CommittedRecord",

@@ -14,15 +14,18 @@ never leaves half a request in the write model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid_actors import graph
 from braid_actors.errors import BadRequest, JournalCorrupt
 from braid_actors.graph import GraphState
 from braid_actors.journal._records import CommittedRecord, NewRecord
-from braid_actors.journal._store import Journal
 from braid_actors.model import EVENT_TYPES, Event, converter
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from braid_actors.journal._store import Journal
 
 APP_RECORD_TYPES: frozenset[str] = frozenset(
     {

@@ -41,6 +41,7 @@ from braid_actors.model import (
     IdSource,
     Interaction,
     Outcome,
+    OutcomeKind,
     Part,
     ProviderBinding,
     RunDispatched,
@@ -76,6 +77,12 @@ PROOF_DEADLINE = 10.0
 RECORD_DEADLINE = 30.0
 
 Clock = Callable[[], datetime]
+
+_ENDINGS: dict[str, tuple[TerminalState, OutcomeKind]] = {
+    "completed": ("succeeded", "completed"),
+    "failed": ("failed", "failed"),
+    "cancelled": ("cancelled", "cancelled"),
+}
 
 
 def utc_now() -> datetime:
@@ -179,7 +186,6 @@ class RunsSupervisor:
         admission: GraphAdmission,
         providers: Mapping[str, Provider],
         *,
-        workspace_root: Path | None = None,
         admission_limit: int | None = None,
         ids: IdSource,
         clock: Clock = utc_now,
@@ -195,8 +201,8 @@ class RunsSupervisor:
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[str, trio.CancelScope] = {}
         self._accepting = True
+        self._idle = trio.Event()
         admission.listeners.append(lambda _records: self._wake.set())
-        del workspace_root
 
     @property
     def state(self) -> graph.GraphState:
@@ -204,8 +210,10 @@ class RunsSupervisor:
 
     async def record(self, event: Event) -> int:
         """Commit a run event; a shutdown in progress does not interrupt the record."""
-        with trio.CancelScope(shield=True), trio.fail_after(RECORD_DEADLINE):
-            return await commit(self.journal, event)
+        with trio.CancelScope(shield=True):
+            with trio.fail_after(RECORD_DEADLINE):
+                seq = await commit(self.journal, event)
+        return seq
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -229,15 +237,18 @@ class RunsSupervisor:
         self._accepting = False
         if drain:
             with trio.move_on_after(grace):
-                while self._scopes:
-                    await trio.sleep(0.05)
+                await self._wait_idle()
         for scope in list(self._scopes.values()):
             scope.cancel()
         with trio.move_on_after(grace + RECORD_DEADLINE):
-            while self._scopes:
-                await trio.sleep(0.02)
+            await self._wait_idle()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    async def _wait_idle(self) -> None:
+        while self._scopes:
+            self._idle = trio.Event()
+            await self._idle.wait()
 
     async def _admit_ready(self) -> None:
         limit = None
@@ -296,28 +307,27 @@ class RunsSupervisor:
                 await self._finish(run_id, "cancelled", Outcome("cancelled", "shutdown"), None)
         finally:
             self._scopes.pop(run_id, None)
+            self._idle.set()
             self._wake.set()
 
     def _context(self, branch_id: str, through: str | None) -> PortableContext:
         state = self.state
         ids = graph.history(state, branch_id)
-        if through is not None:
-            ids = ids[: ids.index(through) + 1]
-        else:
-            ids = []
+        ids = ids[: ids.index(through) + 1] if through is not None else []
         messages = tuple(
             ContextMessage(mid, state.messages[mid].role, state.messages[mid].parts) for mid in ids
         )
         complete = all(state.messages[mid].completeness.state == "complete" for mid in ids)
+        source_conversation = state.branches[branch_id].conversation_id
         body = {
-            "sourceConversationId": state.branches[branch_id].conversation_id,
+            "sourceConversationId": source_conversation,
             "sourceBranchId": branch_id,
             "throughMessageId": through,
             "messages": [converter().unstructure(m) for m in messages],
             "complete": complete,
         }
         return PortableContext(
-            body["sourceConversationId"], branch_id, through, messages, complete, digest(body)
+            source_conversation, branch_id, through, messages, complete, digest(body)
         )
 
     async def _plan_session(
@@ -426,21 +436,9 @@ class RunsSupervisor:
                 boundary_message_id=result.session_boundary,
                 session_digest=result.session_digest,
             )
-        end: TerminalState = {
-            "completed": "succeeded",
-            "failed": "failed",
-            "cancelled": "cancelled",
-        }[result.outcome]  # type: ignore[assignment]
-        kind = {"completed": "completed", "failed": "failed", "cancelled": "cancelled"}[
-            result.outcome
-        ]
+        end, kind = _ENDINGS[result.outcome]
         await self._finish(
-            run_id,
-            end,
-            Outcome(kind, result.reason),
-            binding,
-            result.usage,
-            result.cost_usd,  # type: ignore[arg-type]
+            run_id, end, Outcome(kind, result.reason), binding, result.usage, result.cost_usd
         )
 
     async def _finish(

@@ -6,9 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -17,6 +16,9 @@ import trio.testing
 from braid_actors.app import BraidApp, open_app
 from braid_actors.cli.headless import MAX_LINE, Writer, serve_lines
 from braid_actors.cli.verify import verify_home
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 class Client:
@@ -143,7 +145,7 @@ async def test_turns_stream_journal_and_continue_the_native_session(
     running: tuple[BraidApp, Client, Path],
 ) -> None:
     """A turn runs on the local runner; the next continues its proven session."""
-    app, client, workspace = running
+    _app, client, workspace = running
     conv = await client.ok("create_conversation", {"workspace": str(workspace), "title": "t"})
     sent = await client.ok("submit_turn", {"branchId": conv["branchId"], "text": "hello there"})
     record = await client.ok("wait_run", {"runId": sent["runId"], "timeoutS": 30})
@@ -166,7 +168,7 @@ async def test_turns_stream_journal_and_continue_the_native_session(
     assert record2["sessionLabel"] == "resumed session"
     assert record2["providerSessionId"] == record["providerSessionId"]
     session_file = Path(record2["traceRef"])
-    lines = [json.loads(x) for x in session_file.read_text().splitlines()]
+    lines = [json.loads(x) for x in (await trio.Path(session_file).read_text()).splitlines()]
     assert [x["role"] for x in lines] == ["user", "assistant", "user", "assistant"]
 
 
@@ -186,15 +188,23 @@ async def test_tool_turn_waits_for_permission_and_records_the_result(
     interaction = blocked["interactions"][0]
     assert interaction["state"] == "pending"
     assert interaction["subject"]["command"] == "ls"
-    answered = await client.ok("respond_interaction", {
-        "runId": sent["runId"], "interactionId": interaction["interactionId"],
-        "answer": {"allow": True},
-    })
+    answered = await client.ok(
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": interaction["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
     assert answered["state"] == "answered"
-    again = await client.err("respond_interaction", {
-        "runId": sent["runId"], "interactionId": interaction["interactionId"],
-        "answer": {"allow": True},
-    })
+    again = await client.err(
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": interaction["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
     assert again["code"] == "interaction_not_pending"
     record = await client.ok("wait_run", {"runId": sent["runId"], "timeoutS": 30})
     assert record["state"] == "succeeded"
@@ -219,8 +229,9 @@ async def test_branch_and_clone_through_headless_record_their_edges(
     view = await client.ok("get_conversation", {"conversationId": conv["conversationId"]})
     history = view["branches"][0]["history"]
     second_user = history[2]
-    branched = await client.ok("branch", {"branchId": conv["branchId"],
-                                          "throughMessageId": second_user})
+    branched = await client.ok(
+        "branch", {"branchId": conv["branchId"], "throughMessageId": second_user}
+    )
     assert branched["draft"] == "second"
     bad = await client.err("branch", {"branchId": conv["branchId"], "throughMessageId": "msg_x"})
     assert bad["code"] == "missing_boundary"
@@ -274,15 +285,22 @@ def test_end_of_input_shuts_down_safely(tmp_path: Path) -> None:
     workspace.mkdir()
     home = tmp_path / "home"
     requests = [
-        {"id": 1, "command": "create_conversation",
-         "params": {"workspace": str(workspace), "operationId": "op-a"}},
+        {
+            "id": 1,
+            "command": "create_conversation",
+            "params": {"workspace": str(workspace), "operationId": "op-a"},
+        },
         {"id": 2, "command": "status"},
     ]
     env = {**os.environ, "BRAID_HOME": str(home)}
     proc = subprocess.run(
         [sys.executable, "-m", "braid_actors.cli.main", "headless"],
         input="\n".join(json.dumps(r) for r in requests) + "\n",
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     replies = [json.loads(x) for x in proc.stdout.splitlines()]
