@@ -1,0 +1,37 @@
+"""Every package's public face names each export once, and each name resolves."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PACKAGES = [
+    "braid_actors.model",
+    "braid_actors.graph",
+    "braid_actors.journal",
+    "braid_actors.workers",
+    "braid_actors.providers",
+    "braid_actors.supervisor",
+    "braid_actors.app",
+]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_public_names_are_exported_once_and_resolve(name: str) -> None:
+    """`__all__` has no duplicates and every listed name exists on the package."""
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert len(exported) == len(set(exported))
+    for item in exported:
+        assert hasattr(module, item), f"{name} lists {item} but does not define it"
+
+
+def test_errors_have_unique_stable_codes() -> None:
+    """Each error class has its own snake_case code (subclasses never silently share one)."""
+    from braid_actors import errors
+
+    classes = [getattr(errors, n) for n in errors.__all__]
+    codes = [c.code for c in classes]
+    assert len(codes) == len(set(codes)), sorted(c for c in codes if codes.count(c) > 1)
+    assert all(c.replace("_", "").isalpha() and c == c.lower() for c in codes)
