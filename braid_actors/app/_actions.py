@@ -18,6 +18,7 @@ import cattrs
 import trio
 
 from braid_actors import graph
+from braid_actors.app import _run_actions as _runs
 from braid_actors.app._service import APP_VERSION, PROTOCOL_VERSION, BraidApp
 from braid_actors.app._views import (
     conversation_summary,
@@ -286,6 +287,12 @@ COMMANDS: Mapping[str, Command] = {
     "clone": Command(CloneParams, clone),
     "respond_interaction": Command(RespondInteractionParams, respond_interaction),
     "shutdown": Command(ShutdownParams, shutdown),
+    "cancel_run": Command(_runs.CancelRunParams, _runs.cancel_run),
+    "retry": Command(_runs.RetryParams, _runs.retry),
+    "select_run": Command(_runs.SelectRunParams, _runs.select_run),
+    "focus_run": Command(_runs.RunParams, _runs.focus_run),
+    "set_run_override": Command(_runs.OverrideParams, _runs.set_run_override),
+    "list_workers": Command(_runs.RunParams, _runs.list_workers),
 }
 
 

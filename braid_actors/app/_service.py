@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from braid_actors.app._events import EventHub
 from braid_actors.errors import ShuttingDown, UnknownRun
 from braid_actors.journal import (
     GraphAdmission,
@@ -29,9 +30,18 @@ from braid_actors.journal import (
     load_or_create_key,
     run_journal,
 )
-from braid_actors.model import Event, IdSource, Outcome, Run, RunFinished, digest, new_id
+from braid_actors.model import (
+    Event,
+    IdSource,
+    Limits,
+    Outcome,
+    Run,
+    RunFinished,
+    digest,
+    new_id,
+)
 from braid_actors.providers import LocalProvider, Provider
-from braid_actors.supervisor import RunsSupervisor, utc_now
+from braid_actors.supervisor import DEFAULT_OBSERVE_INTERVAL, RunsSupervisor, utc_now
 
 if TYPE_CHECKING:
     from braid_actors import graph
@@ -59,6 +69,10 @@ class BraidApp:
     providers: dict[str, Provider]
     ids: IdSource
     clock: Callable[[], Any] = utc_now
+    events: EventHub = attrs.Factory(EventHub)
+    """Subscriptions to protocol events (``subscribe``), fed by every commit."""
+    drain_grace: float = DEFAULT_DRAIN_GRACE
+    """How long a draining shutdown lets active runs finish before cancelling them."""
     stopped: trio.Event = attrs.Factory(trio.Event)
     _changed: trio.Event = attrs.Factory(trio.Event)
     _shutting_down: bool = False
@@ -102,6 +116,12 @@ class BraidApp:
         assert outcome.result is not None
         return dict(outcome.result)
 
+    async def commit(self, event: Event) -> None:
+        """Commit one graph event that needs no operation ledger entry."""
+        if self._shutting_down:
+            raise ShuttingDown("Braid is shutting down and accepts no new work")
+        await self.journal.append([event_to_record(event)])
+
     async def record_app(self, record_type: str, data: Mapping[str, Any]) -> None:
         await self.journal.append([NewRecord(stream="application", type=record_type, data=data)])
 
@@ -111,8 +131,15 @@ class BraidApp:
             raise UnknownRun(f"no run {run_id}", details={"runId": run_id})
         return run
 
-    async def shutdown(self, *, drain: bool, grace: float = DEFAULT_DRAIN_GRACE) -> None:
-        """Journal the request, settle runs (drain or cancel), stop services in reverse."""
+    async def shutdown(self, *, drain: bool, grace: float | None = None) -> None:
+        """Journal the request, settle runs (drain or cancel), stop services in reverse.
+
+        Only the first call journals ``application.shutdown.requested``; a later call (a
+        second signal, another client's ``shutdown``) waits for the same stop. ``grace``
+        defaults to :attr:`drain_grace`.
+        """
+        if grace is None:
+            grace = self.drain_grace
         if self._shutting_down:
             await self.stopped.wait()
             return
@@ -159,6 +186,8 @@ async def open_app(
     *,
     env: Mapping[str, str] = os.environ,
     admission_limit: int | None = None,
+    default_limits: Limits | None = None,
+    observe_interval: float = DEFAULT_OBSERVE_INTERVAL,
     providers: Mapping[str, Provider] | None = None,
     task_status: trio.TaskStatus[BraidApp] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -176,7 +205,13 @@ async def open_app(
             )
             found = dict(providers or {"local": LocalProvider(home / "runners" / "local")})
             runs = RunsSupervisor(
-                handle, admission, found, admission_limit=admission_limit, ids=new_id
+                handle,
+                admission,
+                found,
+                admission_limit=admission_limit,
+                default_limits=default_limits,
+                observe_interval=observe_interval,
+                ids=new_id,
             )
             app = BraidApp(
                 home=home,
@@ -188,6 +223,7 @@ async def open_app(
                 ids=new_id,
             )
             admission.listeners.append(app.notify)
+            app.events.attach(admission)
             await app.record_app("application.started", {"version": APP_VERSION})
             await _settle_orphans(app)
             await nursery.start(runs.run)

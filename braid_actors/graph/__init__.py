@@ -15,6 +15,7 @@ from braid_actors.graph._ops import (
     effective_runner,
     make_edge,
     next_admissions,
+    retry,
     submit_turn,
 )
 from braid_actors.graph._queries import (
@@ -70,6 +71,7 @@ __all__ = [
     "next_admissions",
     "next_state",
     "queue_position",
+    "retry",
     "submit_turn",
     "tip",
 ]

@@ -8,9 +8,9 @@ result, so a forged or replayed event can't bypass the rules.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from braid_actors.errors import BadRequest, MissingBoundary
+from braid_actors.errors import BadRequest, MissingBoundary, UnknownTurn
 from braid_actors.graph._queries import get_branch, get_conversation, history, tip
 from braid_actors.model import (
     Boundary,
@@ -29,6 +29,7 @@ from braid_actors.model import (
     Run,
     RunAdmitted,
     RunDispatched,
+    RunRetried,
     SessionMode,
     TextPart,
     Turn,
@@ -350,3 +351,44 @@ def dispatch(
         source_run_id=run_id,
     )
     return RunDispatched(run.conversation_id, run_id, receipt, session_mode, reply, at)
+
+
+def retry(
+    state: GraphState,
+    *,
+    turn_id: str,
+    session: Literal["reuse", "fresh"],
+    runner: str | None,
+    model: str | None,
+    operation_id: str,
+    at: datetime,
+    ids: IdSource,
+) -> RunRetried:
+    """A new queued run for ``turn_id`` after its last run ended (kept, with its output)."""
+    turn = state.turns.get(turn_id)
+    if turn is None:
+        raise UnknownTurn(f"no turn {turn_id}", details={"turnId": turn_id})
+    last = state.runs[turn.run_ids[-1]]
+    branch = get_branch(state, turn.branch_id)
+    run_id = ids("run")
+    run = Run(
+        run_id=run_id,
+        turn_id=turn_id,
+        conversation_id=turn.conversation_id,
+        branch_id=turn.branch_id,
+        runner=runner or effective_runner(state, branch),
+        model=model if model is not None else last.model,
+        state="queued",
+        created_at=at,
+        session_preference=session,
+    )
+    edge = make_edge(
+        ids,
+        "retried",
+        last.run_id,
+        run_id,
+        operation_id,
+        at,
+        {"previousState": last.state, "session": session},
+    )
+    return RunRetried(turn.conversation_id, turn_id, run, edge, operation_id, at)

@@ -34,6 +34,8 @@ def history(state: GraphState, branch_id: str) -> list[str]:
 
     Ancestry is followed iteratively (boundary links can chain across branches and
     conversations); each step keeps the source's history only through the boundary message.
+    Of a turn's several attempts only the chosen reply is shown (see :func:`_shown`);
+    a boundary message always stays visible, so a branch's ancestry never breaks.
     """
     chain: list[Branch] = []
     seen: set[str] = set()
@@ -68,7 +70,26 @@ def history(state: GraphState, branch_id: str) -> list[str]:
                     ) from None
                 ids = ids[: cut + 1]
         ids.extend(branch.message_ids)
-    return ids
+    keep = {b.source.through_message_id for b in chain if b.source is not None}
+    return [mid for mid in ids if mid in keep or _shown(state, mid)]
+
+
+def _shown(state: GraphState, message_id: str) -> bool:
+    """A reply is shown unless its turn has several attempts and another one is chosen.
+
+    The chosen attempt is the selected run, else the latest; alternates stay in the graph.
+    """
+    msg = state.messages[message_id]
+    if msg.source_run_id is None:
+        return True
+    run = state.runs.get(msg.source_run_id)
+    if run is None:
+        return True
+    turn = state.turns[run.turn_id]
+    if len(turn.run_ids) < 2:
+        return True
+    chosen = turn.selected_run_id or turn.run_ids[-1]
+    return run.run_id == chosen
 
 
 def history_messages(state: GraphState, branch_id: str) -> list[Message]:

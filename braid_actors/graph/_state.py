@@ -20,6 +20,7 @@ from braid_actors.model import (
     Message,
     Run,
     Turn,
+    Worker,
     converter,
     digest,
 )
@@ -27,7 +28,7 @@ from braid_actors.model import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2
 """Bumped whenever the fold's meaning or the dump's shape changes; older snapshots rebuild."""
 
 
@@ -42,6 +43,7 @@ class GraphState:
     runs: dict[str, Run] = attrs.Factory(dict)
     edges: dict[str, Edge] = attrs.Factory(dict)
     environments: dict[str, Environment] = attrs.Factory(dict)
+    workers: dict[str, Worker] = attrs.Factory(dict)
     queues: dict[str, list[str]] = attrs.Factory(dict)
     """Per branch: queued run ids in admission order."""
     active: dict[str, str] = attrs.Factory(dict)
@@ -65,6 +67,7 @@ _COLLECTIONS: tuple[tuple[str, type[Any]], ...] = (
     ("runs", Run),
     ("edges", Edge),
     ("environments", Environment),
+    ("workers", Worker),
 )
 
 

@@ -49,6 +49,10 @@ EdgeKind = Literal[
 EDGE_KINDS: tuple[str, ...] = EdgeKind.__args__  # type: ignore[attr-defined]
 InteractionState = Literal["pending", "answered", "cancelled", "expired"]
 CompletenessState = Literal["complete", "streaming", "incomplete"]
+WorkerStatus = Literal["starting", "running", "paused", "stopping", "exited", "killed", "lost"]
+TERMINAL_WORKER_STATES: frozenset[str] = frozenset({"exited", "killed", "lost"})
+MAX_RUN_CHILDREN = 512
+MAX_RUN_SOURCE_EVENTS = 8192
 
 
 @attrs.frozen
@@ -260,6 +264,17 @@ class Run:
     trace_ref: str | None = None
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    session_preference: Literal["reuse", "fresh"] = "reuse"
+    """For a retry: reuse the branch's native session when provably safe, or start fresh."""
+    cancel_reason: str | None = None
+    worker_ids: tuple[str, ...] = ()
+    """Workers of this run in observation order (root first); children beyond the limit
+    are not recorded and ``children_complete`` turns false."""
+    source_event_ids: tuple[str, ...] = ()
+    """Identities of the native observations folded into this run (deduplicated)."""
+    children_complete: bool = True
+    provider_cursor: int = 0
+    """How many provider messages (local runner spool lines) are committed for this run."""
 
 
 @attrs.frozen
@@ -336,11 +351,18 @@ class Worker:
 
     worker_id: str
     run_id: str
-    status: Literal["starting", "running", "paused", "stopping", "exited", "killed", "lost"]
+    status: WorkerStatus
     parent_worker_id: str | None = None
     pid: int | None = None
+    create_time: float | None = None
+    """psutil create time; with the pid it identifies the process (pids get reused)."""
+    pgid: int | None = None
+    command: tuple[str, ...] = ()
+    """Bounded argv as observed."""
     spend: WorkerSpend = WorkerSpend()
     log_ref: str | None = None
+    """Where the bounded stderr log was kept (a path under the Braid home)."""
+    exit_code: int | None = None
     control_history: tuple[WorkerControl, ...] = ()
 
 

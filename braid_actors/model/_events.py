@@ -28,6 +28,9 @@ from braid_actors.model._entities import (
     Turn,
     Usage,
     Worker,
+    WorkerControl,
+    WorkerSpend,
+    WorkerStatus,
 )
 from braid_actors.model._parts import Part
 
@@ -183,15 +186,15 @@ class RunDispatched:
 
 @attrs.frozen
 class RunWorkerStarted:
-    """The provider started an OS process for the run."""
+    """The provider started the run's root OS process (pid, create time, process group)."""
 
     conversation_id: str
     run_id: str
     worker: Worker
-    create_time: float
-    pgid: int
-    command: tuple[str, ...]
+    edge: Edge
+    """The ``spawned`` edge from the run to its root worker."""
     at: datetime
+    cursor: int | None = None
     type: Literal["run.worker_started"] = "run.worker_started"
 
     @property
@@ -209,6 +212,8 @@ class RunSessionReported:
     resumed: bool
     trace_path: str | None
     at: datetime
+    cursor: int | None = None
+    """Provider message position this event came from (for replay after restart)."""
     type: Literal["run.session_reported"] = "run.session_reported"
 
     @property
@@ -225,6 +230,8 @@ class RunPartUpdated:
     message_id: str
     part: Part
     at: datetime
+    cursor: int | None = None
+    """Provider message position this event came from (for replay after restart)."""
     type: Literal["run.part_updated"] = "run.part_updated"
 
     @property
@@ -240,6 +247,8 @@ class RunInteractionRequested:
     run_id: str
     interaction: Interaction
     at: datetime
+    cursor: int | None = None
+    """Provider message position this event came from (for replay after restart)."""
     type: Literal["run.interaction_requested"] = "run.interaction_requested"
 
     @property
@@ -273,6 +282,8 @@ class RunUsageReported:
     usage: Usage
     cost_usd: float | None
     at: datetime
+    cursor: int | None = None
+    """Provider message position this event came from (for replay after restart)."""
     type: Literal["run.usage_reported"] = "run.usage_reported"
 
     @property
@@ -293,7 +304,145 @@ class RunFinished:
     binding: ProviderBinding | None
     """The branch's provider binding after this run (null leaves it unchanged)."""
     at: datetime
+    cursor: int | None = None
+    """Provider message position this event came from (for replay after restart)."""
     type: Literal["run.finished"] = "run.finished"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class RunCancelRequested:
+    """Cancellation was asked for; the run shows ``cancelling`` until the provider answers."""
+
+    conversation_id: str
+    run_id: str
+    reason: str
+    operation_id: str
+    at: datetime
+    type: Literal["run.cancel_requested"] = "run.cancel_requested"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class RunRetried:
+    """A new queued run for the same turn, after an earlier run of it ended."""
+
+    conversation_id: str
+    turn_id: str
+    run: Run
+    edge: Edge
+    """The ``retried`` edge from the previous run to the new one."""
+    operation_id: str
+    at: datetime
+    type: Literal["run.retried"] = "run.retried"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class TurnRunSelected:
+    """The run whose result the branch shows for this turn."""
+
+    conversation_id: str
+    turn_id: str
+    run_id: str
+    at: datetime
+    type: Literal["turn.run_selected"] = "turn.run_selected"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class BranchFocused:
+    """The conversation's active branch changed (focus on a run or branch)."""
+
+    conversation_id: str
+    branch_id: str
+    at: datetime
+    type: Literal["branch.focused"] = "branch.focused"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class WorkerSpawned:
+    """Observation found a new child process of one of the run's workers."""
+
+    conversation_id: str
+    run_id: str
+    worker: Worker
+    edge: Edge
+    """The ``spawned`` edge from the parent worker."""
+    source_event_id: str
+    """Identity of the observation (``proc:<pid>:<create time>``), deduplicated per run."""
+    at: datetime
+    type: Literal["worker.spawned"] = "worker.spawned"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class WorkerObserved:
+    """A spend sample of one worker (its process tree for the root)."""
+
+    conversation_id: str
+    run_id: str
+    worker_id: str
+    spend: WorkerSpend
+    at: datetime
+    type: Literal["worker.observed"] = "worker.observed"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class WorkerControlled:
+    """A control (pause, resume, stop, kill) applied to a worker, and its result."""
+
+    conversation_id: str
+    run_id: str
+    worker_id: str
+    control: WorkerControl
+    status: WorkerStatus
+    """The worker's status after the control."""
+    operation_id: str | None
+    at: datetime
+    type: Literal["worker.controlled"] = "worker.controlled"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
+class WorkerExited:
+    """A worker process is gone: exited, killed, or lost from sight."""
+
+    conversation_id: str
+    run_id: str
+    worker_id: str
+    status: WorkerStatus
+    exit_code: int | None
+    log_ref: str | None
+    source_event_id: str
+    at: datetime
+    type: Literal["worker.exited"] = "worker.exited"
 
     @property
     def stream(self) -> str:
@@ -317,6 +466,14 @@ Event = (
     | RunInteractionAnswered
     | RunUsageReported
     | RunFinished
+    | RunCancelRequested
+    | RunRetried
+    | TurnRunSelected
+    | BranchFocused
+    | WorkerSpawned
+    | WorkerObserved
+    | WorkerControlled
+    | WorkerExited
 )
 
 
@@ -343,7 +500,17 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RunInteractionAnswered,
         RunUsageReported,
         RunFinished,
+        RunCancelRequested,
+        RunRetried,
+        TurnRunSelected,
+        BranchFocused,
+        WorkerSpawned,
+        WorkerObserved,
+        WorkerControlled,
+        WorkerExited,
     )
 }
 
-RUN_EVENT_TYPES: frozenset[str] = frozenset(t for t in EVENT_TYPES if t.startswith("run."))
+RUN_EVENT_TYPES: frozenset[str] = frozenset(
+    t for t in EVENT_TYPES if t.startswith(("run.", "worker."))
+)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import attrs
+import trio
 
 from braid_actors.model import Part, Role, Usage
 
@@ -133,6 +134,9 @@ class TurnResult:
     session_boundary: str | None = None
     """Last Braid message id the native session now contains (its boundary proof)."""
     session_digest: str | None = None
+    cancel_acknowledged: bool | None = None
+    """After a cancel request: true when the runner confirmed it stopped, false when it did
+    not answer in time (its process was then stopped by force); null without a request."""
 
 
 @attrs.frozen
@@ -144,6 +148,21 @@ class SessionProof:
     last_message_id: str | None = None
     digest: str | None = None
     reason: str | None = None
+
+
+@attrs.define(eq=False)
+class RunControl:
+    """Braid's requests to a running turn. Cancellation is two-party: the provider must
+    answer a cancel request (``TurnResult.cancel_acknowledged``); stopping the local stream
+    alone never proves the runner stopped."""
+
+    cancel_requested: trio.Event = attrs.Factory(trio.Event)
+    reason: str | None = None
+
+    def request_cancel(self, reason: str) -> None:
+        if not self.cancel_requested.is_set():
+            self.reason = reason
+            self.cancel_requested.set()
 
 
 class RunSink(Protocol):
@@ -173,6 +192,8 @@ class Provider(Protocol):
 
     def available(self) -> bool: ...
 
-    async def run_turn(self, request: TurnRequest, sink: RunSink) -> TurnResult: ...
+    async def run_turn(
+        self, request: TurnRequest, sink: RunSink, control: RunControl | None = None
+    ) -> TurnResult: ...
 
     async def prove_session(self, session_id: str) -> SessionProof: ...

@@ -14,6 +14,7 @@ group is gone before the cancellation propagates. The protocol is ``docs/local-r
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from braid_actors.model import Usage
 from braid_actors.providers._port import (
     Capabilities,
     InteractionRequest,
+    RunControl,
     RunSink,
     SessionInfo,
     SessionProof,
@@ -114,7 +116,9 @@ class LocalProvider:
             Path(self.python).exists() and importlib.util.find_spec(LOCAL_WORKER_MODULE) is not None
         )
 
-    async def run_turn(self, request: TurnRequest, sink: RunSink) -> TurnResult:
+    async def run_turn(
+        self, request: TurnRequest, sink: RunSink, control: RunControl | None = None
+    ) -> TurnResult:
         """Run one turn in a new worker process (see the module note).
 
         Raises :class:`~braid_actors.errors.WorkerStartFailed` when the worker can't be
@@ -131,7 +135,9 @@ class LocalProvider:
             kill_grace=timeouts.kill_grace,
         )
         async with open_worker(command, env=worker_environment(), policy=policy) as worker:
-            turn = _Turn(timeouts=timeouts, worker=worker, request=request, sink=sink)
+            turn = _Turn(
+                timeouts=timeouts, worker=worker, request=request, sink=sink, control=control
+            )
             try:
                 return await turn.run()
             except trio.Cancelled:
@@ -210,8 +216,45 @@ class _Turn:
     usage: Usage = attrs.Factory(Usage)
     cost_usd: float | None = None
     last_error: tuple[str, str] | None = None
+    control: RunControl | None = None
+    cancel_sent: bool = False
+    start_sent: trio.Event = attrs.Factory(trio.Event)
 
     async def run(self) -> TurnResult:
+        if self.control is None:
+            return await self._run()
+        ended: list[TurnResult] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_cancel, self.control, nursery.cancel_scope)
+            ended.append(await self._run())
+            nursery.cancel_scope.cancel()
+        if not ended:  # the cancel went unanswered: stop it by force
+            with trio.CancelScope(shield=True):
+                await self.cancel_worker()
+            return attrs.evolve(
+                self._failed(
+                    "cancel_unacknowledged: the local worker did not confirm the cancel within "
+                    f"{self.timeouts.cancel_grace:g} s and was stopped"
+                ),
+                cancel_acknowledged=False,
+            )
+        result = ended[0]
+        if self.cancel_sent:
+            return attrs.evolve(result, cancel_acknowledged=result.outcome == "cancelled")
+        return result
+
+    async def _watch_cancel(self, control: RunControl, turn_scope: trio.CancelScope) -> None:
+        await control.cancel_requested.wait()
+        # Never before ``start``: the worker must see the turn it is asked to cancel.
+        await self.start_sent.wait()
+        self.cancel_sent = True
+        # If it is already going, its ending (or its silence) is the answer.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.worker.send({"type": "cancel"})
+        await trio.sleep(self.timeouts.cancel_grace)
+        turn_scope.cancel()
+
+    async def _run(self) -> TurnResult:
         info = self.worker.info
         await self.sink.worker_started(
             WorkerInfo(
@@ -228,6 +271,7 @@ class _Turn:
                     details={"type": hello["type"], "protocol": PROTOCOL_VERSION},
                 )
             await self.worker.send(start_message(self.request))
+            self.start_sent.set()
             while True:
                 message = await self._receive(self.timeouts.idle)
                 if message is None:

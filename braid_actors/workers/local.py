@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -67,6 +68,12 @@ ECHO_CHUNKS: Final = 3
 INPUT_MAX_LINE: Final = 64 * 1024 * 1024
 """Longest line Braid may send (a ``start`` carries the whole portable context)."""
 _SLEEP_RE: Final = re.compile(r"\?sleep\s+([0-9]+(?:\.[0-9]+)?)")
+_BURN_RE: Final = re.compile(r"\?burn\s+([0-9]+(?:\.[0-9]+)?)")
+_ALLOC_RE: Final = re.compile(r"\?alloc\s+([0-9]+)")
+MAX_BURN: Final = 60.0
+"""Most CPU seconds one ``?burn`` line may use."""
+MAX_ALLOC_MB: Final = 2048
+"""Most MiB one ``?alloc`` line may hold."""
 
 
 class Refusal(Exception):
@@ -222,6 +229,7 @@ class Turn:
     _index: int = 0
     _waiting: dict[str, trio.Event] = attrs.Factory(dict)
     _answers: dict[str, tuple[bool, str | None]] = attrs.Factory(dict)
+    _held_memory: list[bytearray] = attrs.Factory(list)
 
     def abort(self, outcome: str, reason: str) -> None:
         if self.ended is None:
@@ -293,6 +301,10 @@ class Turn:
                 return "failed", "failed_by_request: the input asked the local runner to fail"
             elif sleep is not None and float(sleep.group(1)) <= MAX_SLEEP:
                 await self._sleep(float(sleep.group(1)))
+            elif (burn := _BURN_RE.fullmatch(line)) and float(burn.group(1)) <= MAX_BURN:
+                await self._burn(float(burn.group(1)))
+            elif (alloc := _ALLOC_RE.fullmatch(line)) and int(alloc.group(1)) <= MAX_ALLOC_MB:
+                await self._alloc(int(alloc.group(1)))
             else:
                 await self._stream(TextPart, f"You said: {line} ({self._held()})")
         return "completed", None
@@ -324,6 +336,31 @@ class Turn:
             text += "."
             await self._emit(TextPart(part_id=part_id, text=text))
         await self._emit(TextPart(part_id=part_id, text=text + " done."))
+
+    async def _burn(self, cpu_seconds: float) -> None:
+        """Really use ``cpu_seconds`` of CPU (busy work), staying responsive to cancel."""
+        part_id = f"part_{self._stem}_{self._next_index():03d}"
+        goal = time.process_time() + cpu_seconds
+        spins = 0
+        while time.process_time() < goal:
+            deadline = time.process_time() + 0.05
+            while time.process_time() < deadline:
+                spins += 1
+            await trio.lowlevel.checkpoint()
+        await self._emit(TextPart(part_id=part_id, text=f"Burned {cpu_seconds:g} CPU s."))
+
+    async def _alloc(self, mib: int) -> None:
+        """Really hold ``mib`` MiB of touched memory until the turn ends."""
+        block = bytearray(mib * 1024 * 1024)
+        for offset in range(0, len(block), 4096):
+            block[offset] = 1  # touch every page so it counts in RSS
+        self._held_memory.append(block)
+        await self._emit(
+            TextPart(
+                part_id=f"part_{self._stem}_{self._next_index():03d}", text=f"Holding {mib} MiB."
+            )
+        )
+        await trio.sleep(0.5)  # long enough for the supervisor to observe it
 
     async def _shell(self, command: str) -> None:
         index = self._next_index()

@@ -239,7 +239,7 @@ async def test_branch_and_clone_through_headless_record_their_edges(
     assert cloned["title"] == "G (clone)"
     g = await client.ok("get_graph", {"conversationId": conv["conversationId"]})
     kinds = sorted(e["kind"] for e in g["edges"])
-    assert kinds == ["branched_at", "cloned_from", "continued", "continued"]
+    assert kinds == ["branched_at", "cloned_from", "continued", "continued", "spawned", "spawned"]
     assert g["checksum"].startswith("sha256:")
     after = await client.ok("get_conversation", {"conversationId": conv["conversationId"]})
     new_branch = next(b for b in after["branches"] if b["branchId"] == branched["branchId"])

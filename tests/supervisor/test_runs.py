@@ -1,0 +1,238 @@
+"""Run actors through the real app: cancellation, retry, selection, focus, workers, limits.
+
+Everything here is real: the encrypted journal, the local runner's worker processes, psutil
+observation of their process trees, and the stop ladder.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from braid_actors import graph
+from braid_actors.app import BraidApp, call, open_app
+from braid_actors.errors import BraidError
+from braid_actors.journal import Journal, load_or_create_key
+
+
+@pytest.fixture
+async def braid(tmp_path: Path) -> AsyncIterator[tuple[BraidApp, Path]]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    async with trio.open_nursery() as nursery:
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, observe_interval=0.1)
+        )
+        yield app, workspace
+        if not app.stopped.is_set():
+            await app.shutdown(drain=False, grace=5)
+        nursery.cancel_scope.cancel()
+
+
+async def _conversation(app: BraidApp, workspace: Path) -> str:
+    created = await call(app, "create_conversation", {"workspace": str(workspace)})
+    branch_id: str = created["branchId"]
+    return branch_id
+
+
+async def _wait_state(app: BraidApp, run_id: str, states: set[str]) -> dict[str, Any]:
+    with trio.fail_after(30):
+        while app.run(run_id).state not in states:
+            await app.changed()
+    record: dict[str, Any] = await call(app, "wait_run", {"runId": run_id, "timeoutS": 0})
+    return record
+
+
+def _gone(pid: int | None) -> bool:
+    assert pid is not None
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _run_record_types(app: BraidApp, run_id: str) -> list[str]:
+    key = load_or_create_key(app.home, {})
+    with Journal.open(app.home, key, readonly=True) as journal:
+        return [r.type for r in journal.read() if r.data.get("run_id") == run_id]
+
+
+async def test_cancel_queued_run_never_dispatches(braid: tuple[BraidApp, Path]) -> None:
+    """A queued run is cancelled without any provider being called."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    first = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 2"})
+    queued = await call(app, "submit_turn", {"branchId": branch, "text": "later"})
+    record = await call(app, "cancel_run", {"runId": queued["runId"]})
+    assert record["state"] == "cancelled"
+    assert record["outcome"]["reason"] == "cancelled before it was admitted"
+    assert record["assistantMessageId"] is None
+    assert record["startedAt"] is None
+    again = await call(app, "cancel_run", {"runId": queued["runId"]})
+    assert again["state"] == "cancelled"
+    done = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 30})
+    assert done["state"] == "succeeded"
+
+
+async def test_cancel_running_run_is_two_party(braid: tuple[BraidApp, Path]) -> None:
+    """cancel_run journals the request, shows cancelling, and the runner's answer ends it."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
+    running = await _wait_state(app, sent["runId"], {"running"})
+    while not app.run(sent["runId"]).worker_ids:
+        await app.changed()
+    pid = app.state.workers[app.run(sent["runId"]).worker_ids[0]].pid
+    record = await call(app, "cancel_run", {"runId": sent["runId"], "operationId": "op-c1"})
+    assert record["state"] in ("cancelling", "cancelled")
+    assert running["state"] == "running"
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["state"] == "cancelled", final["outcome"]
+    assert final["outcome"]["kind"] == "cancelled"
+    assert _gone(pid)
+    types = _run_record_types(app, sent["runId"])
+    assert types.index("run.cancel_requested") < types.index("run.finished")
+    worker = app.state.workers[app.run(sent["runId"]).worker_ids[0]]
+    assert worker.status in ("exited", "killed")
+
+
+async def test_retry_keeps_the_old_run_and_links_the_new_one(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """retry adds a run for the same turn with a retried edge; selection picks the reply shown."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "hello\n?fail"})
+    failed = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert failed["state"] == "failed"
+    with pytest.raises(BraidError) as refused:
+        await call(app, "select_run", {"turnId": sent["turnId"], "runId": "run_nope"})
+    assert refused.value.code == "unknown_run"
+    retried = await call(app, "retry", {"turnId": sent["turnId"], "session": "fresh"})
+    assert retried["runId"] != sent["runId"]
+    second = await call(app, "wait_run", {"runId": retried["runId"], "timeoutS": 30})
+    assert second["state"] == "failed"  # the input still asks it to fail
+    turn = app.state.turns[sent["turnId"]]
+    assert turn.run_ids == (sent["runId"], retried["runId"])
+    assert app.run(sent["runId"]).state == "failed"
+    assert app.run(sent["runId"]).outcome == app.run(sent["runId"]).outcome
+    edge = app.state.edges[retried["edgeId"]]
+    assert (edge.kind, edge.source_id, edge.destination_id) == (
+        "retried",
+        sent["runId"],
+        retried["runId"],
+    )
+    history = graph.history(app.state, branch)
+    shown = [app.state.messages[m].source_run_id for m in history]
+    assert shown == [None, retried["runId"]]  # the latest attempt when none is selected
+    await call(app, "select_run", {"turnId": sent["turnId"], "runId": sent["runId"]})
+    shown = [app.state.messages[m].source_run_id for m in graph.history(app.state, branch)]
+    assert shown == [None, sent["runId"]]
+    assert app.state.turns[sent["turnId"]].selected_run_id == sent["runId"]
+
+
+async def test_focus_run_selects_its_branch_and_keeps_the_draft(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """focus_run makes the run's branch active and returns that branch's draft unchanged."""
+    app, workspace = braid
+    main = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": main, "text": "one"})
+    await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    user = graph.history(app.state, main)[0]
+    forked = await call(app, "branch", {"branchId": main, "throughMessageId": user})
+    other = await call(app, "submit_turn", {"branchId": forked["branchId"], "text": "two"})
+    await call(app, "wait_run", {"runId": other["runId"], "timeoutS": 30})
+    conv_id = app.state.branches[main].conversation_id
+    assert app.state.conversations[conv_id].active_branch_id == main
+    focus = await call(app, "focus_run", {"runId": other["runId"]})
+    assert focus["branchId"] == forked["branchId"]
+    assert app.state.conversations[conv_id].active_branch_id == forked["branchId"]
+    back = await call(app, "focus_run", {"runId": sent["runId"]})
+    assert back == {
+        "conversationId": conv_id,
+        "branchId": main,
+        "draft": "",
+        "selectedRunId": sent["runId"],
+    }
+
+
+async def test_workers_and_children_are_observed(braid: tuple[BraidApp, Path]) -> None:
+    """The root worker and the shell's children become workers with spawned edges and spend."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(
+        app,
+        "submit_turn",
+        {
+            "branchId": branch,
+            "text": "!sleep 1.5 & sleep 1.5 & wait",
+        },
+    )
+    blocked = await _wait_state(app, sent["runId"], {"blocked"})
+    ask = blocked["interactions"][0]
+    await call(
+        app,
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": ask["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["state"] == "succeeded", final["outcome"]
+    listed = await call(app, "list_workers", {"runId": sent["runId"]})
+    workers = listed["workers"]
+    root = workers[0]
+    assert root["parentWorkerId"] is None
+    assert root["pid"] > 0
+    assert root["spend"]["cpuSeconds"] is not None
+    assert root["spend"]["rssBytes"] > 0
+    sleeps = [w for w in workers if w["command"][:1] == ["sleep"]]
+    assert len(sleeps) == 2
+    assert all(w["status"] == "exited" for w in workers)
+    spawned = [e for e in app.state.edges.values() if e.kind == "spawned"]
+    ids = {w["workerId"] for w in workers}
+    assert {e.destination_id for e in spawned} >= ids
+    assert listed["childrenComplete"] is True
+
+
+LIMITS = [
+    ("input_tokens", {"inputTokens": 5}, "x" * 200),
+    ("output_tokens", {"outputTokens": 5}, "please say a fairly long sentence back to me"),
+    ("wall_seconds", {"wallSeconds": 0.6}, "?sleep 10"),
+    ("cpu_seconds", {"cpuSeconds": 0.4}, "?burn 20"),
+    ("rss_bytes", {"rssBytes": 150 * 1024 * 1024}, "?alloc 400\n?sleep 10"),
+]
+
+
+@pytest.mark.parametrize(("dimension", "limits", "text"), LIMITS, ids=[x[0] for x in LIMITS])
+async def test_spend_limit_stops_the_run(
+    braid: tuple[BraidApp, Path], dimension: str, limits: dict[str, Any], text: str
+) -> None:
+    """Crossing a limit ends the run spend_limit_exceeded, names it, and stops the worker."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    await call(app, "set_run_override", {"branchId": branch, "limits": limits})
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": text})
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 60})
+    assert final["state"] == "failed"
+    outcome = final["outcome"]
+    assert outcome["kind"] == "spend_limit_exceeded"
+    assert outcome["dimension"] == dimension
+    assert outcome["measured"] >= outcome["limit"]
+    run = app.run(sent["runId"])
+    for worker_id in run.worker_ids:
+        assert _gone(app.state.workers[worker_id].pid)
+    # The crossing event was the last one the runner got to record.
+    types = _run_record_types(app, sent["runId"])
+    tail = types[types.index("run.finished") - 1 :]
+    assert set(tail) <= {"worker.exited", "run.finished", "worker.observed", "run.usage_reported"}
