@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 
 class BraidError(Exception):
@@ -210,12 +210,195 @@ class ShuttingDown(BraidError):
     code = "shutting_down"
 
 
+# ---- supervision (the actor kit: mailboxes, calls, supervised children) ----------------
+
+
+class SupervisionError(RuntimeFault):
+    """Root of the actor kit's errors."""
+
+    code = "supervision_error"
+
+
+class ActorStopped(SupervisionError):
+    """The actor stopped before it answered a call, or before it took the request."""
+
+    code = "actor_stopped"
+
+    def __init__(self, actor: str) -> None:
+        super().__init__(f"actor {actor} stopped before answering", details={"actor": actor})
+        self.actor = actor
+
+
+class CallTimeout(WaitTimeout):
+    """A call got no answer within its deadline; the actor may still handle the request."""
+
+    code = "call_timeout"
+
+    def __init__(self, actor: str, timeout: float) -> None:
+        super().__init__(
+            f"actor {actor} did not answer within {timeout} seconds",
+            details={"actor": actor, "timeout": timeout},
+        )
+        self.actor = actor
+        self.timeout = timeout
+
+
+class ChildStartFailed(SupervisionError):
+    """A supervisor could not start one of its children; the cause is the child's error."""
+
+    code = "child_start_failed"
+
+    def __init__(self, supervisor: str, child: str) -> None:
+        super().__init__(
+            f"supervisor {supervisor} could not start its child {child}",
+            details={"supervisor": supervisor, "child": child},
+        )
+        self.supervisor = supervisor
+        self.child = child
+
+
+class ChildExited(SupervisionError):
+    """A permanent child returned: for a permanent child that is an exit to restart."""
+
+    code = "child_exited"
+
+    def __init__(self, supervisor: str, child: str) -> None:
+        super().__init__(
+            f"permanent child {child} of supervisor {supervisor} returned",
+            details={"supervisor": supervisor, "child": child},
+        )
+        self.supervisor = supervisor
+        self.child = child
+
+
+class ChildNotRunning(SupervisionError):
+    """A supervisor was asked for a child that is not running now."""
+
+    code = "child_not_running"
+
+    def __init__(self, supervisor: str, child: str) -> None:
+        super().__init__(
+            f"child {child} of supervisor {supervisor} is not running",
+            details={"supervisor": supervisor, "child": child},
+        )
+        self.supervisor = supervisor
+        self.child = child
+
+
+class ChildStopTimeout(SupervisionError):
+    """A child outlived its shutdown grace after its scope was cancelled, and was abandoned.
+
+    Recorded by its supervisor (never raised into a caller), which goes on without it. Its own
+    type so a generic timeout handler cannot hide a child that refuses to stop.
+    """
+
+    code = "child_stop_timeout"
+
+    def __init__(self, supervisor: str, child: str, grace: float) -> None:
+        super().__init__(
+            f"child {child} of supervisor {supervisor} did not stop within {grace} seconds",
+            details={"supervisor": supervisor, "child": child, "grace": grace},
+        )
+        self.supervisor = supervisor
+        self.child = child
+        self.grace = grace
+
+
+class SupervisorEscalation(SupervisionError):
+    """A supervisor exceeded its restart intensity, stopped its children and gave up.
+
+    ``failures`` (also the ``__cause__``) is an :class:`ExceptionGroup` of what went wrong,
+    each failure with a note naming its child; a parent supervisor sees this error as the
+    failure of its child.
+    """
+
+    code = "supervisor_escalation"
+
+    def __init__(
+        self,
+        supervisor: str,
+        *,
+        max_restarts: int,
+        period: float,
+        failures: Sequence[tuple[str, Exception]],
+    ) -> None:
+        children = list(dict.fromkeys(child for child, _ in failures))
+        super().__init__(
+            f"supervisor {supervisor} gave up: more than {max_restarts} restarts "
+            f"within {period} seconds",
+            details={
+                "supervisor": supervisor,
+                "maxRestarts": max_restarts,
+                "period": period,
+                "children": children,
+            },
+        )
+        self.supervisor = supervisor
+        self.children = tuple(children)
+        self.failures: ExceptionGroup[Exception] | None = None
+        if failures:
+            self.failures = ExceptionGroup(
+                f"failures of the children of supervisor {supervisor}",
+                [error for _, error in failures],
+            )
+        self.__cause__ = self.failures
+
+
+# ---- evidence --------------------------------------------------------------------------
+
+
+class EvidenceError(BraidError):
+    """Root of the evidence store's errors; its codes are the evidence API's error codes."""
+
+    code = "evidence_error"
+
+
+class EvidenceInvalidArgument(EvidenceError):
+    """A run, cursor, filter, page limit or UTF-8 byte offset the evidence API refuses."""
+
+    code = "invalid_argument"
+
+
+class EvidenceRunNotFound(EvidenceError):
+    code = "run_not_found"
+
+
+class EvidenceContentNotFound(EvidenceError):
+    """A content reference (or native session) that does not occur in the run."""
+
+    code = "content_not_found"
+
+
+class EvidenceStoreUnavailable(EvidenceError):
+    """The evidence database cannot be opened or read; never reported as missing evidence."""
+
+    code = "store_unavailable"
+
+
+class EvidenceReadFailed(EvidenceError):
+    """A stored object could not be read or its hash did not verify; it is never served."""
+
+    code = "evidence_read_failed"
+
+
 __all__ = [
+    "ActorStopped",
     "BadRequest",
     "BraidError",
+    "CallTimeout",
+    "ChildExited",
+    "ChildNotRunning",
+    "ChildStartFailed",
+    "ChildStopTimeout",
     "CrossWorkspaceBinding",
     "CycleDetected",
     "DuplicateIdentifier",
+    "EvidenceContentNotFound",
+    "EvidenceError",
+    "EvidenceInvalidArgument",
+    "EvidenceReadFailed",
+    "EvidenceRunNotFound",
+    "EvidenceStoreUnavailable",
     "IllegalTransition",
     "IntegrityError",
     "InteractionNotPending",
@@ -233,6 +416,8 @@ __all__ = [
     "RunnerUnavailable",
     "RuntimeFault",
     "ShuttingDown",
+    "SupervisionError",
+    "SupervisorEscalation",
     "TerminalRunMutation",
     "UnknownBranch",
     "UnknownCommand",

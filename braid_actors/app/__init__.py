@@ -2,8 +2,19 @@
 
 from braid_actors.app._actions import COMMANDS, Command, call, parse
 from braid_actors.app._errors import error_body, error_reply
+from braid_actors.app._events import (
+    EVENT_BUFFER,
+    SUBSCRIBE,
+    EventHub,
+    EventMapper,
+    ProtocolEvent,
+    SubscribeParams,
+    Subscription,
+    parse_subscribe,
+)
 from braid_actors.app._service import (
     APP_VERSION,
+    DEFAULT_DRAIN_GRACE,
     PROTOCOL_VERSION,
     BraidApp,
     default_home,
@@ -15,9 +26,17 @@ from braid_actors.app._wire import camel, to_wire, wire
 __all__ = [
     "APP_VERSION",
     "COMMANDS",
+    "DEFAULT_DRAIN_GRACE",
+    "EVENT_BUFFER",
     "PROTOCOL_VERSION",
+    "SUBSCRIBE",
     "BraidApp",
     "Command",
+    "EventHub",
+    "EventMapper",
+    "ProtocolEvent",
+    "SubscribeParams",
+    "Subscription",
     "call",
     "camel",
     "conversation_view",
@@ -27,6 +46,7 @@ __all__ = [
     "graph_view",
     "open_app",
     "parse",
+    "parse_subscribe",
     "run_record",
     "to_wire",
     "wire",

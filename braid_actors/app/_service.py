@@ -34,9 +34,7 @@ from braid_actors.model import (
     Event,
     IdSource,
     Limits,
-    Outcome,
     Run,
-    RunFinished,
     digest,
     new_id,
 )
@@ -158,29 +156,6 @@ class BraidApp:
         self.stopped.set()
 
 
-async def _settle_orphans(app: BraidApp) -> None:
-    """Runs left active by a previous process: their outcome is unknown, never guessed.
-
-    Full reconciliation with providers (re-attach, replay, collect) belongs to the
-    supervisor; until it lands, an active run found at start is recorded ``unknown``.
-    """
-    for run in sorted(app.state.runs.values(), key=lambda r: r.run_id):
-        if run.state in ("admitted", "running", "blocked", "detached", "cancelling"):
-            event = RunFinished(
-                run.conversation_id,
-                run.run_id,
-                "unknown",
-                Outcome(
-                    "lost", "Braid restarted while this run was active; its outcome is unknown"
-                ),
-                run.usage,
-                run.cost_usd,
-                None,
-                app.clock(),
-            )
-            await app.journal.append([event_to_record(event)])
-
-
 async def open_app(
     home: Path,
     *,
@@ -225,7 +200,6 @@ async def open_app(
             admission.listeners.append(app.notify)
             app.events.attach(admission)
             await app.record_app("application.started", {"version": APP_VERSION})
-            await _settle_orphans(app)
             await nursery.start(runs.run)
             task_status.started(app)
             await app.stopped.wait()

@@ -9,9 +9,9 @@ cancellation propagates (and say so in :attr:`TurnResult` when it can still retu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -179,6 +179,27 @@ class RunSink(Protocol):
         """Record a pending interaction and wait for its answer."""
 
     async def usage(self, usage: Usage, cost_usd: float | None) -> None: ...
+
+
+@runtime_checkable
+class Reattachable(Protocol):
+    """A provider whose runs can outlive their supervisor and be re-attached after it."""
+
+    def spool_started(self, run_id: str) -> bool:
+        """True when the run's turn really began (its spool holds a session or an end)."""
+
+    async def reattach(
+        self,
+        request: TurnRequest,
+        root: WorkerInfo,
+        *,
+        skip: int,
+        answers: Mapping[str, InteractionAnswer | None],
+        await_pending: Callable[[str], Awaitable[InteractionAnswer]],
+        sink: RunSink,
+        control: RunControl | None = None,
+    ) -> tuple[TurnResult, bool]:
+        """Replay what the journal lacks, follow the worker to its end; ``(result, done)``."""
 
 
 class Provider(Protocol):

@@ -25,8 +25,10 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
+from braid_actors.providers._local_spool import QuietSink, SpoolSource, read_spool
 from braid_actors.providers._port import (
     Capabilities,
+    InteractionAnswer,
     InteractionRequest,
     RunControl,
     RunSink,
@@ -39,20 +41,25 @@ from braid_actors.providers._port import (
 from braid_actors.workers import (
     LOCAL_WORKER_MODULE,
     PROTOCOL_VERSION,
+    ProcessInfo,
     SessionFileError,
     StopPolicy,
     WorkerProcess,
+    control_path,
     is_session_id,
     local_worker_command,
     open_worker,
     read_session,
     session_path,
+    spool_path,
     structure_part,
     unstructure_part,
     worker_environment,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
     from braid_actors.providers._port import PortableContext
 
 LOCAL_CAPABILITIES: Final = Capabilities(
@@ -101,6 +108,12 @@ class LocalProvider:
     timeouts: LocalTimeouts = LocalTimeouts()
     python: str = sys.executable
     """The interpreter that runs the worker program."""
+    spool_dir: Path | None = None
+    """Run spools (default ``<sessions_dir>/spool``): see ``_local_spool``."""
+
+    @property
+    def spools(self) -> Path:
+        return self.spool_dir or self.sessions_dir / "spool"
 
     @property
     def name(self) -> str:
@@ -127,7 +140,12 @@ class LocalProvider:
         """
         timeouts = self.timeouts
         command = local_worker_command(
-            self.sessions_dir, shell_timeout=timeouts.shell, python=self.python
+            self.sessions_dir,
+            shell_timeout=timeouts.shell,
+            python=self.python,
+            spool_dir=self.spools,
+            run_id=request.run_id,
+            detach_on_eof=True,
         )
         policy = StopPolicy(
             grace=timeouts.exit_grace,
@@ -144,6 +162,56 @@ class LocalProvider:
                 with trio.CancelScope(shield=True):
                     await turn.cancel_worker()
                 raise
+
+    def spool_started(self, run_id: str) -> bool:
+        """True when the run's worker got as far as its session (the turn really began)."""
+        return any(
+            m.get("type") in ("session", "done")
+            for m in read_spool(spool_path(self.spools, run_id))
+        )
+
+    async def reattach(
+        self,
+        request: TurnRequest,
+        root: WorkerInfo,
+        *,
+        skip: int,
+        answers: Mapping[str, InteractionAnswer | None],
+        await_pending: Callable[[str], Awaitable[InteractionAnswer]],
+        sink: RunSink,
+        control: RunControl | None = None,
+    ) -> tuple[TurnResult, bool]:
+        """Replay the spool of a run whose worker outlived its supervisor, then follow it.
+
+        Returns the result and whether the worker reported its end (``done``); a worker
+        that is gone without one gives a failed result and ``False``.
+        """
+        info = ProcessInfo(
+            pid=root.pid, create_time=root.create_time, pgid=root.pgid, command=root.command
+        )
+        policy = StopPolicy(
+            grace=self.timeouts.exit_grace,
+            term_grace=self.timeouts.term_grace,
+            kill_grace=self.timeouts.kill_grace,
+        )
+        source = SpoolSource(
+            info=info,
+            spool=spool_path(self.spools, request.run_id),
+            control=control_path(self.spools, request.run_id),
+            policy=policy,
+        )
+        quiet = QuietSink(sink, skip, answers, await_pending)
+        turn = _Turn(
+            timeouts=self.timeouts, worker=source, request=request, sink=quiet, control=control
+        )
+        turn.start_sent.set()
+        try:
+            result = await turn.run(resume=True)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await turn.cancel_worker()
+            raise
+        return result, turn.saw_done
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the session file (never modifying it) and report where it ends."""
@@ -209,7 +277,7 @@ class _Turn:
     """One conversation with one worker process."""
 
     timeouts: LocalTimeouts
-    worker: WorkerProcess
+    worker: WorkerProcess | SpoolSource
     request: TurnRequest
     sink: RunSink
     session: SessionInfo | None = None
@@ -220,13 +288,15 @@ class _Turn:
     cancel_sent: bool = False
     start_sent: trio.Event = attrs.Factory(trio.Event)
 
-    async def run(self) -> TurnResult:
+    saw_done: bool = False
+
+    async def run(self, *, resume: bool = False) -> TurnResult:
         if self.control is None:
-            return await self._run()
+            return await self._run(resume)
         ended: list[TurnResult] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_cancel, self.control, nursery.cancel_scope)
-            ended.append(await self._run())
+            ended.append(await self._run(resume))
             nursery.cancel_scope.cancel()
         if not ended:  # the cancel went unanswered: stop it by force
             with trio.CancelScope(shield=True):
@@ -254,7 +324,9 @@ class _Turn:
         await trio.sleep(self.timeouts.cancel_grace)
         turn_scope.cancel()
 
-    async def _run(self) -> TurnResult:
+    async def _run(self, resume: bool = False) -> TurnResult:
+        if resume:
+            return await self._loop()
         info = self.worker.info
         await self.sink.worker_started(
             WorkerInfo(
@@ -272,15 +344,29 @@ class _Turn:
                 )
             await self.worker.send(start_message(self.request))
             self.start_sent.set()
-            while True:
-                message = await self._receive(self.timeouts.idle)
-                if message is None:
-                    return await self._ended_early()
-                result = await self._handle(message)
-                if result is not None:
-                    return result
+            return await self._messages()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return await self._ended_early()  # its stdin closed: it is gone or going
+        except _Silent as silent:
+            with trio.CancelScope(shield=True):
+                await self.cancel_worker()
+            return self._failed(str(silent))
+
+    async def _messages(self) -> TurnResult:
+        while True:
+            message = await self._receive(self.timeouts.idle)
+            if message is None:
+                return await self._ended_early()
+            if message["type"] == "hello" and isinstance(self.worker, SpoolSource):
+                continue  # a replayed spool starts with the worker's hello
+            result = await self._handle(message)
+            if result is not None:
+                return result
+
+    async def _loop(self) -> TurnResult:
+        """A re-attached turn: the spool from its start, then whatever the worker adds."""
+        try:
+            return await self._messages()
         except _Silent as silent:
             with trio.CancelScope(shield=True):
                 await self.cancel_worker()
@@ -421,6 +507,7 @@ class _Turn:
         await self.sink.usage(self.usage, self.cost_usd)
 
     def _on_done(self, message: dict[str, Any]) -> TurnResult:
+        self.saw_done = True
         outcome = message.get("outcome")
         if outcome not in _OUTCOMES:
             raise ProviderProtocolError("the worker's done has no known outcome")

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from braid_actors import graph
@@ -33,7 +34,6 @@ from braid_actors.model import (
     Limits,
     Outcome,
     OutcomeKind,
-    Part,
     ProviderBinding,
     SessionMode,
     TerminalState,
@@ -44,22 +44,34 @@ from braid_actors.model import (
     WorkerSpawned,
     WorkerSpend,
     WorkerStatus,
-    converter,
-    digest,
 )
 from braid_actors.providers import (
-    ContextMessage,
-    PortableContext,
+    InteractionAnswer,
     Provider,
+    Reattachable,
     RunControl,
     SessionRequest,
     TurnRequest,
     TurnResult,
+    WorkerInfo,
 )
-from braid_actors.supervisor._sink import JournalSink
-from braid_actors.workers import Crossing, Measured, ProcessKey, effective_limits, first_crossing
+from braid_actors.supervisor._planning import prepare_request
+from braid_actors.supervisor._sink import JournalSink, PendingInteraction
+from braid_actors.workers import (
+    Crossing,
+    Measured,
+    ProcessInfo,
+    ProcessKey,
+    effective_limits,
+    find_local_workers,
+    first_crossing,
+    recognise,
+)
+from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from braid_actors.supervisor._runs import RunsSupervisor
     from braid_actors.workers import TreeSample
 
@@ -76,9 +88,13 @@ _ENDINGS: dict[str, tuple[TerminalState, OutcomeKind]] = {
 class RunActor:
     """Owns one admitted run until it is terminal."""
 
-    def __init__(self, sup: RunsSupervisor, run_id: str) -> None:
+    def __init__(self, sup: RunsSupervisor, run_id: str, *, resume: bool = False) -> None:
         self.sup = sup
         self.run_id = run_id
+        self.resume = resume
+        """Started by reconciliation: the previous supervisor already dispatched this run."""
+        self.gone = False
+        """Set when a re-attached worker turned out gone without reporting its end."""
         self.control = RunControl()
         self.scope = trio.CancelScope()
         """Cancelled by shutdown: the provider stops its processes, the run ends."""
@@ -99,7 +115,7 @@ class RunActor:
 
     async def run(self) -> None:
         with self.scope:
-            await self._drive()
+            await (self._resume() if self.resume else self._drive())
         if self.scope.cancelled_caught and not graph.is_terminal(self._run().state):
             # Shutdown cancelled the provider, which stopped its process group before the
             # cancellation propagated: the worker is gone, so the run is cancelled.
@@ -109,126 +125,189 @@ class RunActor:
     def _run(self) -> Any:
         return self.state.runs[self.run_id]
 
-    # ---- session and context -------------------------------------------------------------
+    async def _prepare(self, provider: Provider) -> tuple[TurnRequest, SessionMode, str]:
+        return await prepare_request(self.state, self.run_id, self.limits, provider)
 
-    def _context(self, branch_id: str, before: list[str]) -> PortableContext:
-        state = self.state
-        messages = tuple(
-            ContextMessage(mid, state.messages[mid].role, state.messages[mid].parts)
-            for mid in before
-        )
-        complete = all(state.messages[mid].completeness.state == "complete" for mid in before)
-        through = before[-1] if before else None
-        source_conversation = state.branches[branch_id].conversation_id
-        body: dict[str, Any] = {
-            "sourceConversationId": source_conversation,
-            "sourceBranchId": branch_id,
-            "throughMessageId": through,
-            "messages": [converter().unstructure(m) for m in messages],
-            "complete": complete,
-        }
-        return PortableContext(
-            source_conversation, branch_id, through, messages, complete, digest(body)
-        )
-
-    async def _plan_session(
-        self, provider: Provider, binding: ProviderBinding | None, boundary: str | None
-    ) -> tuple[SessionMode, SessionRequest]:
-        run = self._run()
-        if (
-            run.session_preference == "reuse"
-            and binding is not None
-            and binding.state == "bound"
-            and binding.session_id is not None
-            and binding.runner == provider.name
-            and provider.capabilities.sessions_continue
-            and binding.boundary_message_id == boundary
-        ):
-            with trio.move_on_after(PROOF_DEADLINE):
-                proof = await provider.prove_session(binding.session_id)
-                if (
-                    proof.available
-                    and proof.last_message_id == binding.boundary_message_id
-                    and (binding.session_digest is None or proof.digest == binding.session_digest)
-                ):
-                    return "continued", SessionRequest(
-                        binding.session_id, binding.boundary_message_id, binding.session_digest
-                    )
-        # No proof, a mismatch, or nothing to continue: a fresh session with copied context.
-        return ("new" if boundary is None else "handed_off"), SessionRequest()
-
-    # ---- the run -------------------------------------------------------------------------
+    def _provider(self) -> Provider | None:
+        provider = self.sup.providers.get(self._run().runner)
+        return provider if provider is not None and provider.available() else None
 
     async def _drive(self) -> None:
-        state = self.state
         run = self._run()
-        branch = state.branches[run.branch_id]
-        conv = state.conversations[run.conversation_id]
-        turn = state.turns[run.turn_id]
-        self.limits = effective_limits(self.sup.default_limits, branch.overrides.limits)
+        self.limits = effective_limits(
+            self.sup.default_limits, self.state.branches[run.branch_id].overrides.limits
+        )
         if self.control.cancel_requested.is_set():
             await self.finish("cancelled", Outcome("cancelled", "cancelled before dispatch"))
             return
-        provider = self.sup.providers.get(run.runner)
-        if provider is None or not provider.available():
+        provider = self._provider()
+        if provider is None:
             await self.finish("failed", Outcome("failed", f"runner {run.runner} is not available"))
             return
-        history = graph.history(state, branch.branch_id)
-        before = (
-            history[: history.index(turn.user_message_id)]
-            if turn.user_message_id in history
-            else history
-        )
-        boundary = before[-1] if before else None
-        mode, session = await self._plan_session(provider, branch.binding, boundary)
-        context = None if mode == "continued" else self._context(branch.branch_id, before)
-        user = state.messages[turn.user_message_id]
-        text = "\n".join(p.text for p in user.parts if p.kind == "text")
-        workspace = conv.workspace
-        if branch.environment_id is not None:
-            workspace = state.environments[branch.environment_id].workspace
-        request_body: dict[str, Any] = {
-            "runId": self.run_id,
-            "turnId": run.turn_id,
-            "runner": run.runner,
-            "model": run.model,
-            "workspace": workspace,
-            "session": converter().unstructure(session),
-            "contextDigest": context.digest if context else None,
-            "inputDigest": digest(converter().unstructure(user.parts, tuple[Part, ...])),
-            "limits": converter().unstructure(self.limits),
-        }
+        request, mode, receipt = await self._prepare(provider)
         dispatched = graph.dispatch(
-            state,
+            self.state,
             run_id=self.run_id,
-            receipt=digest(request_body),
+            receipt=receipt,
             session_mode=mode,
             at=self.sup.clock(),
             ids=self.sup.ids,
         )
         await self.sup.record(dispatched)
+        request = attrs.evolve(
+            request, assistant_message_id=dispatched.assistant_message.message_id
+        )
+        await self._execute(lambda sink: provider.run_turn(request, sink, self.control))
+
+    def _root(self) -> Worker | None:
+        ids = self._run().worker_ids
+        return self.state.workers[ids[0]] if ids else None
+
+    async def _resume(self) -> None:
+        """Reconcile a run the previous supervisor dispatched (see the reconcile module)."""
+        run = self._run()
+        self.limits = effective_limits(
+            self.sup.default_limits, self.state.branches[run.branch_id].overrides.limits
+        )
+        found = self._provider()
+        candidate: object = found
+        if found is None or not isinstance(candidate, Reattachable):
+            await self.finish(
+                "unknown",
+                Outcome("lost", "Braid restarted and this runner can't be re-attached"),
+            )
+            return
+        provider: Reattachable = candidate
+        root = self._root()
+        if not provider.spool_started(self.run_id):
+            await self._redispatch(found, root)
+            return
+        root_info = await self._find_root(found, root)
+        binding = self.state.branches[run.branch_id].binding
+        requested = (
+            binding.session_id if run.session_mode == "continued" and binding is not None else None
+        )
         request = TurnRequest(
             run_id=self.run_id,
             turn_id=run.turn_id,
-            workspace=Path(workspace),
-            user_message_id=user.message_id,
-            assistant_message_id=dispatched.assistant_message.message_id,
-            text=text,
-            session=session,
-            context=context,
-            model=run.model,
+            workspace=Path("/"),
+            user_message_id=self.state.turns[run.turn_id].user_message_id,
+            assistant_message_id=run.assistant_message_id or "",
+            text="",
+            session=SessionRequest(session_id=requested),
         )
+        answers = {
+            i.interaction_id: (
+                None
+                if i.state == "pending"
+                else InteractionAnswer(bool((i.answer or {}).get("allow")), None)
+            )
+            for i in run.interactions
+            if i.state in ("pending", "answered")
+        }
+
+        async def call(sink: JournalSink) -> TurnResult:
+            result, done = await provider.reattach(
+                request,
+                root_info,
+                skip=run.provider_cursor,
+                answers=answers,
+                await_pending=lambda iid: self._await_pending(iid, root_info),
+                sink=sink,
+                control=self.control,
+            )
+            self.gone = not done
+            return result
+
+        await self._execute(call, resumed=True)
+
+    async def _redispatch(self, provider: Provider, root: Worker | None) -> None:
+        """The intent was committed but the turn never began: send the same request once."""
+        for info in find_local_workers_for(provider, self.run_id):
+            await kill_process(info)
+        if root is not None and root.status not in ("exited", "killed", "lost"):
+            await self.sup.record_quietly(
+                WorkerExited(
+                    self._run().conversation_id,
+                    self.run_id,
+                    root.worker_id,
+                    "killed",
+                    None,
+                    None,
+                    f"proc:{root.pid}:{root.create_time or 0:.2f}:end",
+                    self.sup.clock(),
+                )
+            )
+        request, mode, receipt = await self._prepare(provider)
+        run = self._run()
+        if receipt != run.receipt or mode != run.session_mode:
+            await self.finish(
+                "unknown",
+                Outcome(
+                    "lost",
+                    "after the restart the dispatch could not be repeated exactly (its request "
+                    "changed), so nothing was sent again",
+                ),
+            )
+            return
+        request = attrs.evolve(request, assistant_message_id=run.assistant_message_id or "")
+        await self._execute(lambda sink: provider.run_turn(request, sink, self.control))
+
+    async def _find_root(self, provider: Provider, root: Worker | None) -> WorkerInfo:
+        if root is not None and root.pid is not None and root.create_time is not None:
+            return WorkerInfo(root.pid, root.create_time, root.pgid or root.pid, root.command)
+        # Started but never recorded: recognise it by its command line, or accept it is gone.
+        found = find_local_workers_for(provider, self.run_id)
+        if found:
+            info = found[0]
+            return WorkerInfo(info.pid, info.create_time, info.pgid, info.command)
+        return WorkerInfo(0, 0.0, 0, ())
+
+    async def _await_pending(self, interaction_id: str, root: WorkerInfo) -> InteractionAnswer:
+        """A pending interaction becomes answerable only once its worker is proven alive."""
+        if not recognise(root.pid, root.create_time, root.pgid):
+            return InteractionAnswer(False, "the worker is gone")
+        pending = PendingInteraction(self.run_id)
+        self.sup.pending[interaction_id] = pending
+        try:
+            await pending.done.wait()
+        finally:
+            self.sup.pending.pop(interaction_id, None)
+        assert pending.answer is not None
+        return pending.answer
+
+    async def _adopt_root(self) -> None:
+        """Re-adopt a recorded root worker that is still running: observe it again."""
+        assert self.sink is not None
+        root = self._root()
+        if root is None or root.pid is None or root.create_time is None:
+            return
+        if not recognise(root.pid, root.create_time, root.pgid or root.pid):
+            return
+        self.sink.root_worker = root
+        await self._watch_worker(root)
+
+    async def _execute(
+        self, call: Callable[[JournalSink], Awaitable[TurnResult]], *, resumed: bool = False
+    ) -> None:
+        """Run the provider call under the limits and the observer, then record the end."""
         self.sink = JournalSink(
             self.sup, self.run_id, on_worker=self._watch_worker, on_usage=self._check_usage
         )
         result: TurnResult | None = None
         failure: str | None = None
         wall = self.limits.wall_seconds
+        budget = wall or DEFAULT_WALL_SECONDS
+        started = self._run().started_at
+        if started is not None:
+            budget = max(0.0, budget - (self.sup.clock() - started).total_seconds())
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            with self._stop, trio.move_on_after(wall or DEFAULT_WALL_SECONDS) as deadline:
+            if resumed:
+                await self._adopt_root()
+            with self._stop, trio.move_on_after(budget) as deadline:
                 try:
-                    result = await provider.run_turn(request, self.sink, self.control)
+                    result = await call(self.sink)
                 except BraidError as exc:
                     failure = exc.message
             if deadline.cancelled_caught and self.crossing is None:
@@ -241,6 +320,13 @@ class RunActor:
         await self._end(result, failure)
 
     async def _end(self, result: TurnResult | None, failure: str | None) -> None:
+        if self.gone and self.crossing is None:
+            await self._record_worker_exits("lost")
+            await self.finish(
+                "unknown",
+                Outcome("lost", "the worker is gone and did not report how the turn ended"),
+            )
+            return
         if self.crossing is not None:
             c = self.crossing
             await self._record_worker_exits("killed")
@@ -428,3 +514,11 @@ class RunActor:
                     at,
                 )
             )
+
+
+def find_local_workers_for(provider: Provider, run_id: str) -> list[ProcessInfo]:
+    """Live local workers of ``run_id`` (found by command line), for a spooling provider."""
+    spools = getattr(provider, "spools", None)
+    if spools is None:
+        return []
+    return find_local_workers(spools).get(run_id, [])

@@ -20,6 +20,7 @@ from braid_actors import graph
 from braid_actors.errors import BraidError, InteractionNotPending, UnknownInteraction
 from braid_actors.journal import event_to_record
 from braid_actors.model import (
+    TERMINAL_WORKER_STATES,
     Event,
     IdSource,
     Limits,
@@ -32,6 +33,8 @@ from braid_actors.model import (
 )
 from braid_actors.providers import InteractionAnswer, Provider
 from braid_actors.supervisor._run_actor import RunActor
+from braid_actors.workers import adopt, find_local_workers
+from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
     from braid_actors.journal import GraphAdmission, JournalHandle
@@ -114,12 +117,57 @@ class RunsSupervisor:
     ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await self._reconcile()
             task_status.started(self)
             while True:
                 self._wake = trio.Event()
                 if self._accepting:
                     await self._admit_ready()
                 await self._wake.wait()
+
+    async def _reconcile(self) -> None:
+        """Before any new dispatch: settle every run the previous supervisor left active.
+
+        An admitted run never reached its provider, so its actor simply dispatches it. A
+        dispatched run is resumed: its actor re-attaches to a worker that is still running
+        (replaying the spool from the journal's cursor), collects the end a finished worker
+        spooled, re-sends a dispatch that provably never began (same receipt), or records
+        ``unknown`` with the reason, never a guessed success. Workers of finished runs that
+        are somehow still alive, and local workers nobody recorded, are stopped.
+        """
+        assert self._nursery is not None
+        active = sorted(
+            (
+                r
+                for r in self.state.runs.values()
+                if r.state not in ("queued",) and not graph.is_terminal(r.state)
+            ),
+            key=lambda r: (r.created_at, r.run_id),
+        )
+        resumed = {r.run_id for r in active}
+        for run in active:
+            actor = RunActor(self, run.run_id, resume=run.state != "admitted")
+            self.actors[run.run_id] = actor
+            self._nursery.start_soon(self._run_actor, actor)
+        for worker in list(self.state.workers.values()):
+            run = self.state.runs[worker.run_id]
+            if worker.status in TERMINAL_WORKER_STATES or not graph.is_terminal(run.state):
+                continue
+            if worker.pid is not None and worker.create_time is not None:
+                info = adopt(worker.pid, worker.create_time, worker.pgid or worker.pid)
+                if info is not None:
+                    with trio.CancelScope(shield=True):
+                        await kill_process(info)
+        for provider in self.providers.values():
+            spools = getattr(provider, "spools", None)
+            if spools is None:
+                continue
+            for run_id, infos in find_local_workers(spools).items():
+                if run_id in resumed:
+                    continue
+                for info in infos:  # nobody owns it any more: no orphans
+                    with trio.CancelScope(shield=True):
+                        await kill_process(info)
 
     def active_runs(self) -> list[str]:
         return list(self.actors)

@@ -36,6 +36,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 import trio
 
 from braid_actors.errors import RuntimeFault, WorkerStartFailed, WorkerStopTimeout
+from braid_actors.workers._identity import ProcessKey, presence
 from braid_actors.workers._wire import DEFAULT_MAX_LINE, LineReader, decode_message, encode_message
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ class ProcessInfo:
     """Its process group (equal to ``pid``: every worker leads its own session)."""
     command: tuple[str, ...]
     """The argv it was started with."""
+
+    @property
+    def key(self) -> ProcessKey:
+        """Its identity without the group and command."""
+        return ProcessKey(pid=self.pid, create_time=self.create_time)
 
 
 @attrs.frozen
@@ -175,45 +181,18 @@ class WorkerProcess:
 
     async def _ladder(self, cooperative: Cooperative | None, policy: StopPolicy) -> StopReport:
         process = self.process
-        stage: StopStage = "exited"
-        escalation: WorkerStopTimeout | None = None
-        if process.returncode is None:
-            with trio.move_on_after(policy.grace):
-                if cooperative is not None:
-                    stage = "cooperative"
-                    # A worker that breaks the pipe or writes junk while being asked to stop
-                    # is simply escalated; what it said no longer matters.
-                    with contextlib.suppress(
-                        trio.BrokenResourceError, trio.ClosedResourceError, RuntimeFault
-                    ):
-                        await cooperative()
-                await process.wait()
-        if process.returncode is None:
-            escalation = self._slow("SIGTERM", policy.grace)
-            self._signal_group(signal.SIGTERM)
-            with trio.move_on_after(policy.term_grace):
-                await process.wait()
-            stage = "terminated"
-        if process.returncode is None:
-            escalation = self._slow("SIGKILL", policy.term_grace)
-            self._signal_group(signal.SIGKILL)
-            with trio.move_on_after(policy.kill_grace):
-                await process.wait()
-            stage = "killed"
-        if process.returncode is None:
-            raise WorkerStopTimeout(
-                f"worker {self.info.pid} survived SIGKILL for {policy.kill_grace} s",
-                details={"pid": self.info.pid, "stage": "kill", "grace": policy.kill_grace},
-            )
+        stage, escalation = await climb_ladder(
+            self.info.pid,
+            policy,
+            cooperative=cooperative,
+            running=lambda: process.returncode is None,
+            wait=process.wait,
+            send=self._signal_group,
+        )
+        assert process.returncode is not None
         self._signal_group(signal.SIGKILL)  # sweep stragglers in the group
         await self._close_stdin()
         return StopReport(stage=stage, returncode=process.returncode, escalation=escalation)
-
-    def _slow(self, next_step: str, waited: float) -> WorkerStopTimeout:
-        return WorkerStopTimeout(
-            f"worker {self.info.pid} did not stop within {waited} s; sending {next_step}",
-            details={"pid": self.info.pid, "next": next_step, "grace": waited},
-        )
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -235,6 +214,65 @@ class WorkerProcess:
                     self.log.append(chunk)
         finally:
             self._stderr_done.set()
+
+
+async def climb_ladder(
+    pid: int,
+    policy: StopPolicy,
+    *,
+    cooperative: Cooperative | None,
+    running: Callable[[], bool],
+    wait: Callable[[], Awaitable[object]],
+    send: Callable[[signal.Signals], None],
+) -> tuple[StopStage, WorkerStopTimeout | None]:
+    """Steps 1-3 of the stop ladder (see the module note) for any way of watching and
+    signalling a process: ``running()`` says whether it still runs, ``wait()`` returns once
+    it has exited, ``send(sig)`` delivers to it (for a worker: to its group).
+
+    Returns the stage it ended at and, past the cooperative step, the recorded
+    :class:`WorkerStopTimeout`; raises that type when it survives SIGKILL's bounded wait.
+    The caller sweeps the group afterwards.
+    """
+    stage: StopStage = "exited"
+    escalation: WorkerStopTimeout | None = None
+    if running():
+        with trio.move_on_after(policy.grace):
+            if cooperative is not None:
+                stage = "cooperative"
+                # A worker that breaks the pipe or writes junk while being asked to stop
+                # is simply escalated; what it said no longer matters.
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, RuntimeFault
+                ):
+                    await cooperative()
+            await wait()
+    if running():
+        escalation = _slow(pid, "SIGTERM", policy.grace)
+        send(signal.SIGTERM)
+        # A paused (SIGSTOP) worker would hold SIGTERM pending forever.
+        send(signal.SIGCONT)
+        with trio.move_on_after(policy.term_grace):
+            await wait()
+        stage = "terminated"
+    if running():
+        escalation = _slow(pid, "SIGKILL", policy.term_grace)
+        send(signal.SIGKILL)
+        with trio.move_on_after(policy.kill_grace):
+            await wait()
+        stage = "killed"
+    if running():
+        raise WorkerStopTimeout(
+            f"worker {pid} survived SIGKILL for {policy.kill_grace} s",
+            details={"pid": pid, "stage": "kill", "grace": policy.kill_grace},
+        )
+    return stage, escalation
+
+
+def _slow(pid: int, next_step: str, waited: float) -> WorkerStopTimeout:
+    return WorkerStopTimeout(
+        f"worker {pid} did not stop within {waited} s; sending {next_step}",
+        details={"pid": pid, "next": next_step, "grace": waited},
+    )
 
 
 @contextlib.asynccontextmanager
@@ -351,10 +389,4 @@ def _describe(process: trio.Process, argv: tuple[str, ...]) -> ProcessInfo:
 
 def process_gone(info: ProcessInfo) -> bool:
     """True when the process ``info`` names no longer runs (a reused pid does not count)."""
-    try:
-        proc = psutil.Process(info.pid)
-        if abs(float(proc.create_time()) - info.create_time) > 0.01:
-            return True
-        return bool(proc.status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
+    return presence(info.key) != "running"

@@ -37,6 +37,7 @@ from braid_actors.model import (
     ToolResultPart,
     new_id,
 )
+from braid_actors.workers._launch import control_path, spool_path
 from braid_actors.workers._session import (
     SessionFileError,
     SessionLine,
@@ -70,6 +71,8 @@ INPUT_MAX_LINE: Final = 64 * 1024 * 1024
 _SLEEP_RE: Final = re.compile(r"\?sleep\s+([0-9]+(?:\.[0-9]+)?)")
 _BURN_RE: Final = re.compile(r"\?burn\s+([0-9]+(?:\.[0-9]+)?)")
 _ALLOC_RE: Final = re.compile(r"\?alloc\s+([0-9]+)")
+CONTROL_POLL: Final = 0.1
+"""How often a detached worker looks at its control file (seconds)."""
 MAX_BURN: Final = 60.0
 """Most CPU seconds one ``?burn`` line may use."""
 MAX_ALLOC_MB: Final = 2048
@@ -99,6 +102,9 @@ class Refusal(Exception):
 class Config:
     sessions: Path
     shell_timeout: float = DEFAULT_SHELL_TIMEOUT
+    detach_on_eof: bool = False
+    """Keep running when Braid goes away (its pipes close): report to the spool only and
+    take controls from the control file, so a restarted supervisor can re-attach."""
 
 
 # ---- the channel -----------------------------------------------------------------------
@@ -106,10 +112,20 @@ class Config:
 
 @attrs.define(eq=False)
 class Channel:
-    """JSONL in from Braid, JSONL out to Braid; every send is a whole line."""
+    """JSONL in from Braid, JSONL out to Braid; every send is a whole line.
+
+    With a spool, every line sent is also appended to it (one ``os.write`` per line on an
+    ``O_APPEND`` descriptor), so what Braid missed while it was gone can be read back. When
+    detached, lines go to the spool only, and input comes from the control file.
+    """
 
     reader: LineReader
     out: trio.abc.SendStream
+    spool_fd: int | None = None
+    control: Path | None = None
+    detach_on_eof: bool = False
+    detached: bool = False
+    _control_offset: int = 0
     _lock: trio.Lock = attrs.Factory(trio.Lock)
 
     async def send(self, msg_type: str, /, **fields: Any) -> None:
@@ -117,11 +133,55 @@ class Channel:
         # Shielded: a cancelled turn must not leave half a line in the pipe.
         with trio.CancelScope(shield=True):
             async with self._lock:
-                await self.out.send_all(data)
+                if self.spool_fd is not None:
+                    os.write(self.spool_fd, data)
+                if self.detached:
+                    return
+                try:
+                    await self.out.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    if not self._can_detach():
+                        raise
+                    self._detach("Braid's end of the output pipe closed")
+
+    def _can_detach(self) -> bool:
+        return self.detach_on_eof and self.spool_fd is not None and self.control is not None
+
+    def _detach(self, why: str) -> None:
+        if not self.detached:
+            self.detached = True
+            _log(f"detached: {why}; reporting to the spool only")
 
     async def receive(self) -> dict[str, Any] | None:
-        line = await self.reader.receive_line()
-        return None if line is None else decode_message(line, number=self.reader.lines_read)
+        if not self.detached:
+            line = await self.reader.receive_line()
+            if line is not None:
+                return decode_message(line, number=self.reader.lines_read)
+            if not self._can_detach():
+                return None
+            self._detach("Braid closed the input pipe")
+        return await self._receive_control()
+
+    async def _receive_control(self) -> dict[str, Any]:
+        """Next line of the control file a re-attached supervisor writes (polled)."""
+        assert self.control is not None
+        while True:
+            line = await trio.to_thread.run_sync(_read_line_at, self.control, self._control_offset)
+            if line is not None:
+                self._control_offset += len(line)
+                return decode_message(line.rstrip(b"\n"), number=0)
+            await trio.sleep(CONTROL_POLL)
+
+
+def _read_line_at(path: Path, offset: int) -> bytes | None:
+    """The complete line starting at ``offset``, or None when there is none yet."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            line = f.readline(INPUT_MAX_LINE + 1)
+    except FileNotFoundError:
+        return None
+    return line if line.endswith(b"\n") else None
 
 
 def _log(text: str) -> None:
@@ -486,6 +546,10 @@ async def _pump(channel: Channel, turn: Turn) -> None:
                 raise ProviderProtocolError(f"unexpected message type {msg['type']} during a turn")
             turn.answer(msg)
         except ProviderProtocolError as exc:
+            if channel.detached:
+                # A re-attached supervisor re-delivers every recorded answer; one this
+                # worker already had is expected, not an error.
+                continue
             await channel.send("error", code="bad_message", message=exc.message)
 
 
@@ -529,8 +593,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m braid_actors.workers.local")
     parser.add_argument("--sessions", type=Path, required=True, help="session directory")
     parser.add_argument("--shell-timeout", type=float, default=DEFAULT_SHELL_TIMEOUT)
+    parser.add_argument("--spool", type=Path, help="directory of run spools (with --run)")
+    parser.add_argument("--run", help="the run id; names the spool and control files")
+    parser.add_argument(
+        "--detach-on-eof", action="store_true", help="keep running when Braid goes away"
+    )
     args = parser.parse_args(argv)
-    config = Config(sessions=args.sessions, shell_timeout=args.shell_timeout)
+    if (args.spool is None) != (args.run is None):
+        parser.error("--spool and --run go together")
+    config = Config(
+        sessions=args.sessions, shell_timeout=args.shell_timeout, detach_on_eof=args.detach_on_eof
+    )
+    spool_fd = None
+    control = None
+    if args.spool is not None:
+        args.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        spool_fd = os.open(
+            spool_path(args.spool, args.run), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
+        control = control_path(args.spool, args.run)
     # The protocol owns the original stdin/stdout; fd 0 becomes /dev/null and fd 1 the log,
     # so a stray print or an inherited descriptor can never corrupt the framing.
     proto_in, proto_out = os.dup(0), os.dup(1)
@@ -543,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         channel = Channel(
             reader=LineReader(trio.lowlevel.FdStream(proto_in), max_line=INPUT_MAX_LINE),
             out=trio.lowlevel.FdStream(proto_out),
+            spool_fd=spool_fd,
+            control=control,
+            detach_on_eof=config.detach_on_eof,
         )
         await serve(config, channel)
 

@@ -1,0 +1,176 @@
+"""Re-attaching to a local worker that outlived its supervisor.
+
+Every local worker is started with ``--spool DIR --run RUN_ID --detach-on-eof``: each line
+it sends is also appended to ``DIR/<run>.jsonl``, and when Braid's pipes close it keeps
+working, reports to the spool only, and reads controls from ``DIR/<run>.control.jsonl``.
+
+A restarted supervisor replays the spool from the beginning through the same message
+handling as a live turn, with a :class:`QuietSink` that drops the reports the journal
+already holds (the first ``skip`` event-producing messages), answers interactions that are
+already answered with their recorded answer (the worker ignores ones it already had), and
+waits for the ones still pending. While the worker runs the spool is followed; once it is
+gone and the spool is exhausted the turn has ended (a missing ``done`` is reported as such).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from braid_actors.providers._port import InteractionAnswer, InteractionRequest, RunSink, SessionInfo
+from braid_actors.workers import (
+    ProcessInfo,
+    StopPolicy,
+    StopReport,
+    decode_message,
+    encode_message,
+    recognise,
+)
+from braid_actors.workers import kill as kill_process
+from braid_actors.workers import stop as stop_process
+
+if TYPE_CHECKING:
+    from braid_actors.model import Part, Usage
+    from braid_actors.providers._port import WorkerInfo
+
+FOLLOW_POLL = 0.05
+EVENT_TYPES = frozenset({"session", "part", "interaction", "usage"})
+"""Spool message types that become journal events (what ``skip`` counts)."""
+
+
+def read_spool(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a spool, decoded (a torn last line is ignored)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = raw.split(b"\n")
+    return [decode_message(line, number=n + 1) for n, line in enumerate(lines[:-1]) if line]
+
+
+@attrs.define(eq=False)
+class SpoolSource:
+    """Stands in for a :class:`WorkerProcess` of a worker this process did not spawn."""
+
+    info: ProcessInfo
+    spool: Path
+    control: Path
+    policy: StopPolicy
+    _offset: int = 0
+    _buffer: bytes = b""
+    _lines: int = 0
+    stop_report: StopReport | None = None
+
+    def _alive(self) -> bool:
+        return recognise(self.info.pid, self.info.create_time, self.info.pgid)
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next spool message; waits for more while the worker runs."""
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl >= 0:
+                line, self._buffer = self._buffer[:nl], self._buffer[nl + 1 :]
+                self._lines += 1
+                if line:
+                    return decode_message(line, number=self._lines)
+                continue
+            chunk = await trio.to_thread.run_sync(self._read_more)
+            if chunk:
+                self._buffer += chunk
+                continue
+            if not self._alive():
+                # One last read: the worker may have written its end just before exiting.
+                chunk = await trio.to_thread.run_sync(self._read_more)
+                if chunk:
+                    self._buffer += chunk
+                    continue
+                return None
+            await trio.sleep(FOLLOW_POLL)
+
+    def _read_more(self) -> bytes:
+        try:
+            with self.spool.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read(1 << 20)
+        except FileNotFoundError:
+            return b""
+        self._offset += len(data)
+        return data
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """Append a control line for the detached worker."""
+        data = encode_message(message)
+
+        def write() -> None:
+            fd = os.open(self.control, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+        await trio.to_thread.run_sync(write)
+
+    async def wait(self) -> int | None:
+        # Not our child, so no exit notification reaches us: poll its identity.
+        while self._alive():  # noqa: ASYNC110
+            await trio.sleep(FOLLOW_POLL)
+        return None  # another process reaps it: its status is not known here
+
+    async def stop(
+        self,
+        cooperative: Callable[[], Awaitable[None]] | None = None,
+        *,
+        policy: StopPolicy | None = None,
+    ) -> StopReport | None:
+        result = await stop_process(self.info, policy or self.policy, cooperative=cooperative)
+        del result
+        return None
+
+    async def kill(self) -> None:
+        await kill_process(self.info)
+
+
+@attrs.define(eq=False)
+class QuietSink:
+    """Drops the reports already journaled; re-delivers or awaits interaction answers."""
+
+    inner: RunSink
+    skip: int
+    answers: Mapping[str, InteractionAnswer | None]
+    """Interactions the journal holds: the recorded answer, or None while pending."""
+    await_pending: Callable[[str], Awaitable[InteractionAnswer]]
+    _seen: int = 0
+
+    def _quiet(self) -> bool:
+        self._seen += 1
+        return self._seen <= self.skip
+
+    async def worker_started(self, worker: WorkerInfo) -> None:
+        return None  # recorded by the supervisor that started it
+
+    async def session(self, info: SessionInfo) -> None:
+        if not self._quiet():
+            await self.inner.session(info)
+
+    async def part(self, part: Part) -> None:
+        if not self._quiet():
+            await self.inner.part(part)
+
+    async def interaction(self, request: InteractionRequest) -> InteractionAnswer:
+        if not self._quiet():
+            return await self.inner.interaction(request)
+        if request.interaction_id in self.answers:
+            recorded = self.answers[request.interaction_id]
+            if recorded is not None:
+                return recorded
+            return await self.await_pending(request.interaction_id)
+        return InteractionAnswer(False, "the interaction is not in Braid's record")
+
+    async def usage(self, usage: Usage, cost_usd: float | None) -> None:
+        if not self._quiet():
+            await self.inner.usage(usage, cost_usd)
