@@ -16,6 +16,7 @@ the reply is appended to the session file unless the turn was cancelled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -185,7 +186,10 @@ def _read_line_at(path: Path, offset: int) -> bytes | None:
 
 
 def _log(text: str) -> None:
-    print(f"local-worker[{os.getpid()}]: {text}", file=sys.stderr, flush=True)
+    # stderr is Braid's pipe: once Braid is gone it is broken, and a log line must never
+    # be what kills a detached worker.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"local-worker[{os.getpid()}]: {text}", file=sys.stderr, flush=True)
 
 
 # ---- sessions --------------------------------------------------------------------------

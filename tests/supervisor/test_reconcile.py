@@ -1,0 +1,178 @@
+"""Restart reconciliation: a supervisor SIGKILLed mid-run comes back and settles every run.
+
+A real `braid headless` process runs the first half and is killed with SIGKILL; its local
+worker keeps running (detached, spooling). A new application on the same home rebuilds
+the graph, re-attaches to the worker from the journal's cursor, and finishes the run
+without duplicating anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from braid_actors.app import BraidApp, call, open_app
+from braid_actors.cli.verify import verify_home
+from braid_actors.workers import find_local_workers
+
+
+class Headless:
+    """A `braid headless` subprocess driven line by line."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self._buf = b""
+        self._n = 0
+
+    async def ask(self, command: str, params: dict[str, Any]) -> dict[str, Any]:
+        self._n += 1
+        line = json.dumps({"id": self._n, "command": command, "params": params}) + "\n"
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(line.encode())
+        assert self.proc.stdout is not None
+        with trio.fail_after(30):
+            while b"\n" not in self._buf:
+                chunk = await self.proc.stdout.receive_some(65536)
+                assert chunk, "braid headless closed its output"
+                self._buf += chunk
+        reply, self._buf = self._buf.split(b"\n", 1)
+        message: dict[str, Any] = json.loads(reply)
+        assert message["ok"], message
+        result: dict[str, Any] = message["result"]
+        return result
+
+
+async def _start_headless(home: Path) -> Headless:
+    env = {**os.environ, "BRAID_HOME": str(home)}
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "braid_actors.cli.main", "headless"],
+        stdin=-1,
+        stdout=-1,
+        env=env,
+    )
+    return Headless(proc)
+
+
+async def _until(client: Headless, run_id: str, state: str) -> dict[str, Any]:
+    with trio.fail_after(30):
+        while True:
+            record = await client.ask("wait_run", {"runId": run_id, "timeoutS": 0.2})
+            if record["state"] == state:
+                return record
+
+
+@pytest.fixture
+async def restarted(tmp_path: Path) -> AsyncIterator[Any]:
+    """Opens a fresh application on a home (after the first process was killed)."""
+    async with trio.open_nursery() as nursery:
+        apps: list[BraidApp] = []
+
+        async def open_home(home: Path) -> BraidApp:
+            app: BraidApp = await nursery.start(
+                functools.partial(open_app, home, env={"BRAID_HOME": str(home)})
+            )
+            apps.append(app)
+            return app
+
+        yield open_home
+        for app in apps:
+            if not app.stopped.is_set():
+                await app.shutdown(drain=False, grace=5)
+        nursery.cancel_scope.cancel()
+
+
+def _spool_dir(home: Path) -> Path:
+    return home / "runners" / "local" / "spool"
+
+
+async def test_running_worker_is_reattached_after_a_crash(tmp_path: Path, restarted: Any) -> None:
+    """The worker outlives the killed supervisor; the new one replays and finishes its run."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first = await _start_headless(home)
+    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
+    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": "?sleep 2"})
+    await _until(first, sent["runId"], "running")
+    first.proc.kill()  # SIGKILL: no shutdown of any kind
+    await first.proc.wait()
+    alive = find_local_workers(_spool_dir(home)).get(sent["runId"], [])
+    assert len(alive) == 1, "the detached worker keeps running without its supervisor"
+    app: BraidApp = await restarted(home)
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    message = app.state.messages[record["assistantMessageId"]]
+    texts = [p.text for p in message.parts if p.kind == "text"]
+    assert len(texts) == 1
+    assert texts[0].endswith("done.")
+    assert message.completeness.state == "complete"
+    assert not psutil.pid_exists(alive[0].pid) or psutil.Process(alive[0].pid).status() == "zombie"
+    assert find_local_workers(_spool_dir(home)) == {}
+    await app.shutdown(drain=True)
+    report = verify_home(home, {"BRAID_HOME": str(home)})
+    assert report.ok, report.render()
+
+
+async def test_pending_interaction_is_answerable_after_reconciliation(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """A permission asked before the crash is still pending, answerable, and runs once."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first = await _start_headless(home)
+    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
+    sent = await first.ask(
+        "submit_turn", {"branchId": conv["branchId"], "text": "!echo ran >> marks.txt"}
+    )
+    blocked = await _until(first, sent["runId"], "blocked")
+    interaction = blocked["interactions"][0]["interactionId"]
+    first.proc.kill()
+    await first.proc.wait()
+    app: BraidApp = await restarted(home)
+    with trio.fail_after(10):
+        while interaction not in app.runs.pending:  # noqa: ASYNC110 - set by reconciliation
+            await trio.sleep(0.05)
+    answered = await call(
+        app,
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": interaction,
+            "answer": {"allow": True},
+        },
+    )
+    assert answered["state"] == "answered"
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    assert (workspace / "marks.txt").read_text() == "ran\n"  # exactly once
+    parts = app.state.messages[record["assistantMessageId"]].parts
+    assert [p.kind for p in parts].count("tool_result") == 1
+
+
+async def test_worker_gone_with_its_supervisor_is_unknown(tmp_path: Path, restarted: Any) -> None:
+    """When the worker died too and reported no end, the run is unknown with the reason."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first = await _start_headless(home)
+    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
+    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": "?sleep 5"})
+    await _until(first, sent["runId"], "running")
+    workers = find_local_workers(_spool_dir(home))[sent["runId"]]
+    first.proc.kill()
+    await first.proc.wait()
+    for info in workers:
+        os.killpg(info.pgid, signal.SIGKILL)
+    app: BraidApp = await restarted(home)
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "unknown"
+    assert record["outcome"]["kind"] == "lost"
+    assert "did not report" in record["outcome"]["reason"]
