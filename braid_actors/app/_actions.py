@@ -28,7 +28,8 @@ from braid_actors.app._views import (
 )
 from braid_actors.app._wire import to_wire, wire
 from braid_actors.errors import BadRequest, UnknownCommand
-from braid_actors.model import Part, structure_error
+from braid_actors.journal import Operation
+from braid_actors.model import Part, digest, structure_error
 from braid_actors.providers import InteractionAnswer
 
 # ---- params ----------------------------------------------------------------------------
@@ -250,13 +251,22 @@ async def clone(app: BraidApp, p: CloneParams) -> dict[str, Any]:
 
 
 async def respond_interaction(app: BraidApp, p: RespondInteractionParams) -> dict[str, Any]:
+    """Journal the (non-secret) answer under its operation, then hand it to the runner."""
     op_id = p.operation_id or app.ids("op")
-    await app.runs.answer(
-        p.run_id, p.interaction_id, InteractionAnswer(p.answer.allow, p.answer.message), op_id
-    )
+    params = _canonical(p)
+    params_digest = digest({"command": "respond_interaction", "params": params})
+    result = {"runId": p.run_id, "interactionId": p.interaction_id, "operationId": op_id}
+    if await app.journal.recorded(op_id, params_digest) is None:
+        await app.runs.answer(
+            p.run_id,
+            p.interaction_id,
+            InteractionAnswer(p.answer.allow, p.answer.message),
+            op_id,
+            Operation(op_id, "respond_interaction", params_digest, result),
+        )
     run = app.run(p.run_id)
     found = next(i for i in run.interactions if i.interaction_id == p.interaction_id)
-    return {**to_wire(found), "runId": run.run_id, "operationId": op_id}
+    return {**to_wire(found), **result}
 
 
 async def shutdown(app: BraidApp, p: ShutdownParams) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from braid_actors._faults import crash_point
 from braid_actors.app._events import EventHub
 from braid_actors.errors import ShuttingDown, UnknownRun
 from braid_actors.journal import (
@@ -106,12 +107,16 @@ class BraidApp:
             raise ShuttingDown("Braid is shutting down and accepts no new work")
         op_id = operation_id or new_id("op")
         params_digest = digest({"command": command, "params": dict(params)})
+        recorded = await self.journal.recorded(op_id, params_digest)
+        if recorded is not None:
+            return dict(recorded)
         event, result = build(op_id)
         result = {**result, "operationId": op_id}
         outcome = await self.journal.append(
             [event_to_record(event)], Operation(op_id, command, params_digest, result)
         )
         assert outcome.result is not None
+        crash_point(f"op.{command}")
         return dict(outcome.result)
 
     async def commit(self, event: Event) -> None:
@@ -150,6 +155,7 @@ class BraidApp:
                 "at": str(self.clock()),
             },
         )
+        crash_point("shutdown.requested")
         await self.runs.stop(drain=drain, grace=grace)
         await self.record_app("application.stopped", {"at": str(self.clock())})
         await self.journal.aclose()

@@ -3,20 +3,34 @@
 One JSON object a line in, one a line out. Bad input (malformed JSON, a line over 4 MiB,
 an unknown command, bad params) gets an error reply with its own code and the loop goes on;
 nothing is written for it. Commands run in arrival order, except long waits (``wait_run``),
-which run concurrently so they never hold up later commands. End of input waits for the
-replies still owed, then shuts Braid down safely (drain).
+which run concurrently so they never hold up later commands.
+
+:func:`serve_session` is one session that never stops Braid (a daemon connection, see
+``daemon.py``); :func:`serve_lines` is the in-process loop, whose end of input shuts Braid
+down safely (drain). ``subscribe`` is handled here rather than in the command table because
+its events go to the session's own writer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
-from braid_actors.app import BraidApp, call, error_reply, parse
+from braid_actors.app import (
+    SUBSCRIBE,
+    BraidApp,
+    Subscription,
+    call,
+    error_reply,
+    parse,
+    parse_subscribe,
+)
 from braid_actors.errors import (
     BraidError,
     InvalidRequest,
@@ -101,44 +115,135 @@ def _envelope(line: bytes) -> tuple[Any, str, object]:
     return request_id, command, message.get("params")
 
 
-async def serve_lines(app: BraidApp, reader: trio.abc.ReceiveStream, writer: Writer) -> None:
-    """Run the loop over one input stream until EOF or ``shutdown``."""
-    async with trio.open_nursery() as waits:
+@attrs.define(eq=False)
+class _Session:
+    """One JSONL session: its writer, its owed replies and its subscriptions."""
 
-        async def handle(request_id: Any, command: str, params: object) -> None:
-            try:
-                result = await call(app, command, params)
-            except BraidError as exc:
-                await writer.send(error_reply(request_id, exc))
-            else:
-                await writer.send({"id": request_id, "ok": True, "result": result})
+    app: BraidApp
+    writer: Writer
+    _work: trio.Nursery | None = None
+    _subscriptions: list[Subscription] = attrs.Factory(list)
+    _receiving: trio.CancelScope | None = None
+    _stopping: bool = False
 
+    async def run(self, reader: trio.abc.ReceiveStream, *, shutdown_at_eof: bool) -> None:
+        try:
+            async with trio.open_nursery() as outer:
+                async with trio.open_nursery() as work:
+                    self._work = work
+                    outer.start_soon(self._cut_when_stopped, work.cancel_scope)
+                    await self._read(reader)
+                    if shutdown_at_eof and not self.app.stopped.is_set():
+                        await self.app.shutdown(drain=True)
+                    # The input is over: subscriptions end (after what they already buffered);
+                    # owed replies are still written.
+                    self._end_subscriptions()
+                outer.cancel_scope.cancel()
+        finally:
+            for sub in self._subscriptions:
+                self.app.events.unsubscribe(sub)
+
+    async def _cut_when_stopped(self, work: trio.CancelScope) -> None:
+        """Once Braid has stopped: stop reading, end subscriptions, owed replies get 2 s."""
+        await self.app.stopped.wait()
+        self._stopping = True
+        if self._receiving is not None:
+            self._receiving.cancel(reason="Braid stopped")
+        self._end_subscriptions()
+        work.deadline = min(work.deadline, trio.current_time() + _OWED_REPLY_GRACE)
+
+    def _end_subscriptions(self) -> None:
+        for sub in self._subscriptions:
+            sub.close()
+
+    async def _read(self, reader: trio.abc.ReceiveStream) -> None:
+        assert self._work is not None
         async with aclosing(read_lines(reader)) as lines:
-            async for line in lines:
-                if isinstance(line, _TooLong):
-                    await writer.send(
-                        error_reply(None, LineTooLong("the line is longer than 4 MiB"))
-                    )
-                    continue
-                if not line.strip():
-                    continue
-                request_id: Any = None
-                try:
-                    request_id, command, params = _envelope(line)
-                    spec, _ = parse(command, params)  # bad params fail here, before anything runs
-                except BraidError as exc:
-                    await writer.send(error_reply(request_id, exc))
-                    continue
-                if spec.waits:
-                    waits.start_soon(handle, request_id, command, params)
-                else:
-                    await handle(request_id, command, params)
-                if app.stopped.is_set():
-                    break
-        # EOF or shutdown: settle runs (drain), then give owed wait replies a moment.
-        if not app.stopped.is_set():
-            await app.shutdown(drain=True)
-        waits.cancel_scope.deadline = trio.current_time() + _OWED_REPLY_GRACE
+            while not self._stopping:
+                # Only the wait for input is cut when Braid stops, never a reply being written.
+                line: bytes | _TooLong | None = None
+                with trio.CancelScope() as scope:
+                    self._receiving = scope
+                    line = await anext(lines, None)
+                self._receiving = None
+                if line is None or self._stopping:
+                    return
+                await self._line(line)
+                if self.app.stopped.is_set():
+                    return
+
+    async def _line(self, line: bytes | _TooLong) -> None:
+        assert self._work is not None
+        writer = self.writer
+        if isinstance(line, _TooLong):
+            await writer.send(error_reply(None, LineTooLong("the line is longer than 4 MiB")))
+            return
+        if not line.strip():
+            return
+        request_id: Any = None
+        try:
+            request_id, command, params = _envelope(line)
+            if command == SUBSCRIBE:
+                await self._subscribe(request_id, params)
+                return
+            spec, _ = parse(command, params)  # bad params fail here, before anything runs
+        except BraidError as exc:
+            await writer.send(error_reply(request_id, exc))
+            return
+        if spec.waits:
+            self._work.start_soon(self._handle, request_id, command, params)
+        else:
+            await self._handle(request_id, command, params)
+
+    async def _handle(self, request_id: Any, command: str, params: object) -> None:
+        try:
+            result = await call(self.app, command, params)
+        except BraidError as exc:
+            await self.writer.send(error_reply(request_id, exc))
+        except Exception as exc:
+            # Translated at the edge: the client gets internal_error, never the text.
+            print(f"braid: internal error in {command}: {type(exc).__name__}", file=sys.stderr)
+            await self.writer.send(error_reply(request_id, exc))
+        else:
+            await self.writer.send({"id": request_id, "ok": True, "result": result})
+
+    async def _subscribe(self, request_id: Any, params: object) -> None:
+        assert self._work is not None
+        wanted = parse_subscribe(self.app.state, params)  # bad params raise, nothing starts
+        sub = self.app.events.subscribe(
+            conversation_id=wanted.conversation_id, run_id=wanted.run_id
+        )
+        self._subscriptions.append(sub)
+        # The reply goes out before the pump starts, so it precedes every event line.
+        await self.writer.send(
+            {"id": request_id, "ok": True, "result": {"subscriptionId": sub.subscription_id}}
+        )
+        self._work.start_soon(self._pump, sub)
+
+    async def _pump(self, sub: Subscription) -> None:
+        async with sub.receive:
+            async for message in sub.receive:
+                await self.writer.send(message)
+        if sub.dropped:
+            await self.writer.send(sub.dropped_message())
+
+
+async def serve_session(app: BraidApp, reader: trio.abc.ReceiveStream, writer: Writer) -> None:
+    """Serve one session until its input ends or Braid stops; never shuts Braid down.
+
+    This is a daemon connection: at end of input its subscriptions end and the replies it
+    is still owed (``wait_run``) are written; when Braid stops they get 2 s more.
+    """
+    await _Session(app, writer).run(reader, shutdown_at_eof=False)
+
+
+async def serve_lines(app: BraidApp, reader: trio.abc.ReceiveStream, writer: Writer) -> None:
+    """Run the loop over one input stream until EOF or ``shutdown``; EOF shuts Braid down.
+
+    At end of input Braid drains (subscriptions keep reporting the drain), then the replies
+    still owed get 2 s more.
+    """
+    await _Session(app, writer).run(reader, shutdown_at_eof=True)
 
 
 async def run_headless(app: BraidApp) -> None:
@@ -150,6 +255,4 @@ async def run_headless(app: BraidApp) -> None:
 
 
 def _dup(fd: int) -> int:
-    import os
-
     return os.dup(fd)

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 import trio
 
+from braid_actors._faults import crash_point
 from braid_actors.errors import (
     BraidError,
     JournalClosed,
@@ -256,6 +257,8 @@ class _Actor:
                     _fail(batch, "the journal could not write this request's batch")
                     raise
         records = [rec for group in committed for rec in group]
+        if records:
+            crash_point("journal.committed")
         for prepared in plan.writes:
             if prepared.operation is not None:
                 self.ledger[prepared.operation.op_id] = prepared.operation.params_digest
@@ -410,6 +413,26 @@ class JournalHandle:
         if isinstance(outcome, BraidError):
             raise outcome
         return outcome
+
+    async def recorded(self, op_id: str, params_digest: str) -> Mapping[str, Any] | None:
+        """The result recorded for a committed operation with this digest, else None.
+
+        Raises :class:`OperationConflict` when the id was committed with another digest. An
+        operation still in flight is not seen here; the actor's own ledger check covers it.
+        """
+        known = self._actor.ledger.get(op_id)
+        if known is None:
+            return None
+        if known != params_digest:
+            raise OperationConflict(
+                f"operation {op_id} was already used with other parameters",
+                details={"op_id": op_id},
+            )
+        async with self._actor.writer:
+            op = await trio.to_thread.run_sync(self._actor.journal.get_operation, op_id)
+        if op is None:
+            raise JournalCorrupt(f"operation {op_id} is in the ledger but not in the journal")
+        return op.result
 
     @asynccontextmanager
     async def subscribe(

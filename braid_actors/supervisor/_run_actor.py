@@ -29,6 +29,7 @@ import attrs
 import trio
 
 from braid_actors import graph
+from braid_actors._faults import crash_point
 from braid_actors.errors import BraidError
 from braid_actors.model import (
     Limits,
@@ -154,6 +155,7 @@ class RunActor:
             ids=self.sup.ids,
         )
         await self.sup.record(dispatched)
+        crash_point("run.dispatched")
         request = attrs.evolve(
             request, assistant_message_id=dispatched.assistant_message.message_id
         )
@@ -178,6 +180,9 @@ class RunActor:
             )
             return
         provider: Reattachable = candidate
+        if run.state == "cancelling":
+            # The cancel was journaled before the crash; the provider may never have heard.
+            self.control.request_cancel(run.cancel_reason or "cancelled by the user")
         root = self._root()
         if not provider.spool_started(self.run_id):
             await self._redispatch(found, root)
@@ -238,6 +243,9 @@ class RunActor:
                     self.sup.clock(),
                 )
             )
+        if self.control.cancel_requested.is_set():
+            await self.finish("cancelled", Outcome("cancelled", "cancelled before it began"))
+            return
         request, mode, receipt = await self._prepare(provider)
         run = self._run()
         if receipt != run.receipt or mode != run.session_mode:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from braid_actors import graph
+from braid_actors._faults import crash_point
 from braid_actors.errors import BraidError, InteractionNotPending, UnknownInteraction
-from braid_actors.journal import event_to_record
+from braid_actors.journal import Operation, event_to_record
 from braid_actors.model import (
     TERMINAL_WORKER_STATES,
     Event,
@@ -198,6 +199,7 @@ class RunsSupervisor:
             if self.state.runs[admitted.run_id].state != "queued":
                 continue
             await commit(self.journal, admitted)
+            crash_point("run.admitted")
             assert self._nursery is not None
             actor = RunActor(self, admitted.run_id)
             self.actors[admitted.run_id] = actor
@@ -238,11 +240,13 @@ class RunsSupervisor:
             return
         if usage is None:
             usage, cost_usd = run.usage, run.cost_usd
+        crash_point("run.finishing")
         await self.record(
             RunFinished(
                 run.conversation_id, run_id, end, outcome, usage, cost_usd, binding, self.clock()
             )
         )
+        crash_point("run.finished")
 
     # ---- requests from the application ---------------------------------------------------
 
@@ -259,7 +263,12 @@ class RunsSupervisor:
                     pending.resolve(InteractionAnswer(False, "the run is being cancelled"))
 
     async def answer(
-        self, run_id: str, interaction_id: str, answer: InteractionAnswer, operation_id: str
+        self,
+        run_id: str,
+        interaction_id: str,
+        answer: InteractionAnswer,
+        operation_id: str,
+        operation: Operation | None = None,
     ) -> None:
         """Commit the answer, then hand it to the waiting provider."""
         pending = self.pending.get(interaction_id)
@@ -278,10 +287,9 @@ class RunsSupervisor:
         body: dict[str, object] = {"allow": answer.allow}
         if answer.message:
             body["message"] = answer.message
-        await commit(
-            self.journal,
-            RunInteractionAnswered(
-                run.conversation_id, run_id, interaction_id, body, operation_id, self.clock()
-            ),
+        event = RunInteractionAnswered(
+            run.conversation_id, run_id, interaction_id, body, operation_id, self.clock()
         )
+        await self.journal.append([event_to_record(event)], operation)
+        crash_point("interaction.answered")
         pending.resolve(answer)

@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from braid_actors import graph
+from braid_actors._faults import crash_point
 from braid_actors.model import (
     Interaction,
     Part,
@@ -113,6 +114,7 @@ class JournalSink:
             RunWorkerStarted(self._conv, self._run_id, record, edge, self._sup.clock())
         )
         self.root_worker = record
+        crash_point("worker.started")
         await self._on_worker(record)
 
     async def session(self, info: SessionInfo) -> None:
@@ -144,6 +146,7 @@ class JournalSink:
                 self._next_cursor(),
             )
         )
+        crash_point("run.part")
 
     async def interaction(self, request: InteractionRequest) -> InteractionAnswer:
         if self.closed:
@@ -166,6 +169,7 @@ class JournalSink:
                     self._next_cursor(),
                 )
             )
+            crash_point("run.interaction")
             await pending.done.wait()
             assert pending.answer is not None
             return pending.answer
@@ -180,4 +184,5 @@ class JournalSink:
                 self._conv, self._run_id, usage, cost_usd, self._sup.clock(), self._next_cursor()
             )
         )
+        crash_point("run.usage")
         await self._on_usage()

@@ -1,0 +1,41 @@
+"""Recorded evidence: transcript parsers, redaction, content-addressed objects, coverage.
+
+The store turns provider transcripts (Claude Code session JSONL, Codex rollouts, Braid's
+own local runner session files) into normalized entries in SQLite, with redacted bodies as
+content-addressed objects, and answers the reads of the recorded-context API
+(``spec/agentprovenance-context-api.yaml``): overview, entry pages, content pages, session
+relations, and runtime coverage and correlation.
+
+```python
+with EvidenceStore.open(home) as store:
+    report = store.ingest(path, run_id="run_…", policy="basic")
+    store.overview("run_…")
+    page = store.entries("run_…", kind="tool_call", limit=50)
+    store.content("run_…", page["entries"][0]["content"]["ref"])
+```
+"""
+
+from braid_actors.evidence._coverage import COUNT_KEYS
+from braid_actors.evidence._detect import HARNESSES
+from braid_actors.evidence._ingest import IngestReport, SourceReport
+from braid_actors.evidence._objects import MAX_OBJECT_BYTES
+from braid_actors.evidence._paging import ENTRY_KINDS
+from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
+from braid_actors.evidence._redact import Redactor
+from braid_actors.evidence._runtime import ProcessObservation
+from braid_actors.evidence._store import EvidenceStore
+
+__all__ = [
+    "COUNT_KEYS",
+    "ENTRY_KINDS",
+    "HARNESSES",
+    "MAX_OBJECT_BYTES",
+    "PRESETS",
+    "CapturePolicy",
+    "EvidenceStore",
+    "IngestReport",
+    "ProcessObservation",
+    "Redactor",
+    "SourceReport",
+    "make_policy",
+]

@@ -1,0 +1,566 @@
+"""One ingest pass: read a file, parse it, store what is new, report coverage per source.
+
+Resume cursor and prior context. Each (run, file) keeps a *cursor* (the offset after the last
+complete line ingested, with the SHA-256 of the bytes before it) and a *boundary* (where this
+run's own execution starts in the file, with the hash of the prefix before it):
+
+- the run's first ingest of a file takes its boundary from ``resume_offset`` when given, else
+  from the longest cursor another run recorded for the same file whose prefix hash still
+  matches (that prefix is history the harness read before this run resumed it), else 0;
+- later ingests keep the boundary; lines before it are ``prior_context``, the rest
+  ``current_execution``. When the file no longer starts with the bytes a cursor hashed, the
+  report says ``source_rewritten`` and the boundary falls back to 0.
+
+The whole file is parsed on every pass (so calls and results, usage ids and subagent links
+are resolved across the cursor); entries already stored unchanged are counted
+``duplicates`` and not written again, so re-ingesting is idempotent and a grown file only
+adds its new records. An incomplete last line is ``deferred`` and the cursor stops before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from braid_actors.errors import EvidenceInvalidArgument
+
+from ._claude import parse_claude
+from ._codex import parse_codex
+from ._coverage import Tally, coverage_report, unknown_counts, zero_counts
+from ._detect import HARNESSES, UNSUPPORTED, detect
+from ._local import parse_local
+from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id, source_id
+from ._objects import ObjectStore
+from ._parsed import split_lines
+from ._redact import Redactor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from ._parsed import LineSplit, Outcome
+    from ._policy import CapturePolicy
+
+PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
+    "claude_code": parse_claude,
+    "codex": parse_codex,
+    "local": parse_local,
+}
+PARSER_VERSIONS: Final = {
+    "claude_code": "braid.claude_code/1",
+    "codex": "braid.codex/1",
+    "local": "braid.local/1",
+    "gemini_cli": "braid.unsupported/1",
+    "unknown": "braid.unsupported/1",
+}
+
+
+@attrs.frozen
+class SourceReport:
+    """One source of an ingested file: its coverage and derived summary counts."""
+
+    coverage: dict[str, Any]
+    """The spec's ``Coverage`` object for this pass."""
+    summary: dict[str, int]
+    """Derived counts (messages, tool calls, unmatched calls, sidechain records, compactions,
+    de-duplicated usage ``usage_*`` …); not part of the spec's schemas."""
+
+
+@attrs.frozen
+class IngestReport:
+    """What one ``ingest`` call did."""
+
+    run_id: str
+    path: str
+    harness: str
+    sources: tuple[SourceReport, ...]
+
+    @property
+    def coverage(self) -> tuple[dict[str, Any], ...]:
+        return tuple(source.coverage for source in self.sources)
+
+
+@attrs.define(eq=False)
+class Ingest:
+    """The collaborators one pass needs."""
+
+    conn: sqlite3.Connection
+    objects: ObjectStore
+    redactor: Redactor
+    now: str
+
+    def run(
+        self,
+        path: Path,
+        *,
+        run_id: str,
+        harness: str | None,
+        policy: CapturePolicy,
+        resume_offset: int | None,
+    ) -> IngestReport:
+        if harness is not None and harness not in (*HARNESSES, *UNSUPPORTED):
+            raise EvidenceInvalidArgument(
+                "unknown harness", details={"field": "harness", "known": list(HARNESSES)}
+            )
+        path_key = str(path.resolve())
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return self._unparsed(run_id, path_key, path.stem, harness, policy, "no_input")
+        except OSError:
+            return self._unparsed(run_id, path_key, path.stem, harness, policy, "unreadable")
+        split = split_lines(data)
+        detected = harness or detect(split, data)
+        if detected is None or detected in UNSUPPORTED:
+            return self._unsupported(run_id, path_key, path.stem, detected, policy, split, data)
+        outcome = PARSERS[detected](split, fallback_session=path.stem)
+        boundary, issues = self._boundary(run_id, path_key, data, resume_offset)
+        mat = Materializer(
+            run_id=run_id,
+            path_key=path_key,
+            policy=policy,
+            redactor=self.redactor,
+            objects=self.objects,
+            boundary=boundary,
+            lines={line.number: line for line in split.lines},
+        )
+        sources = {key: mat.source(outcome, info) for key, info in outcome.sessions.items()}
+        ids = {
+            d.key: entry_id(run_id, f"{sources[d.session]['id']}:{d.line}:{d.ordinal}")
+            for d in outcome.drafts
+        }
+        rows = [row for d in outcome.drafts if (row := mat.entry(d, sources[d.session], ids))]
+        with _transaction(self.conn):
+            _ensure_run(self.conn, run_id, policy, self.now)
+            pks = {key: self._put_source(run_id, path_key, src) for key, src in sources.items()}
+            written = self._put_entries(run_id, rows, pks)
+            self._put_objects(mat)
+            self._put_actions(run_id, outcome, rows, sources)
+            self._put_file(run_id, path_key, data, boundary, split.complete_end)
+            reports = [
+                self._report(
+                    run_id, key, sources[key], outcome, split, mat, written, issues, policy
+                )
+                for key in outcome.sessions
+            ]
+        return IngestReport(run_id, path_key, detected, tuple(reports))
+
+    # ---- boundary --------------------------------------------------------------------
+
+    def _boundary(
+        self, run_id: str, path_key: str, data: bytes, resume_offset: int | None
+    ) -> tuple[int, list[dict[str, Any]]]:
+        row = self.conn.execute(
+            "SELECT * FROM files WHERE run_id=? AND path_key=?", (run_id, path_key)
+        ).fetchone()
+        issues: list[dict[str, Any]] = []
+        if resume_offset is not None:
+            if not 0 <= resume_offset <= len(data) or (
+                resume_offset and data[resume_offset - 1 : resume_offset] != b"\n"
+            ):
+                raise EvidenceInvalidArgument(
+                    "resume_offset must be the offset of a line start in the file",
+                    details={"field": "resume_offset"},
+                )
+            if row is not None and row["boundary"] != resume_offset:
+                raise EvidenceInvalidArgument(
+                    "this run already recorded another resume boundary for the file",
+                    details={"field": "resume_offset"},
+                )
+            return resume_offset, issues
+        if row is not None:
+            if not _prefix_matches(data, row["cursor"], row["cursor_hash"]):
+                issues.append({"code": "source_rewritten"})
+            if _prefix_matches(data, row["boundary"], row["boundary_hash"]):
+                return int(row["boundary"]), issues
+            return 0, issues
+        for other in self.conn.execute(
+            "SELECT cursor, cursor_hash FROM files WHERE path_key=? AND run_id<>? "
+            "ORDER BY cursor DESC",
+            (path_key, run_id),
+        ):
+            if other["cursor"] > 0 and _prefix_matches(data, other["cursor"], other["cursor_hash"]):
+                return int(other["cursor"]), issues
+        return 0, issues
+
+    # ---- writes ----------------------------------------------------------------------
+
+    def _put_source(self, run_id: str, path_key: str, source: dict[str, Any]) -> int:
+        body = json.dumps(source, ensure_ascii=False, sort_keys=True)
+        self.conn.execute(
+            "INSERT INTO sources(id, run_id, harness, session_id, agent_id, parent_session_id, "
+            "path_key, body, updated_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE "
+            "SET body=excluded.body, agent_id=excluded.agent_id, "
+            "parent_session_id=excluded.parent_session_id, updated_at=excluded.updated_at",
+            (
+                source["id"],
+                run_id,
+                source["harness"],
+                source["session_id"],
+                source.get("agent_id"),
+                source.get("parent_session_id"),
+                path_key,
+                body,
+                self.now,
+            ),
+        )
+        row = self.conn.execute("SELECT pk FROM sources WHERE id=?", (source["id"],)).fetchone()
+        return int(row["pk"])
+
+    def _put_entries(
+        self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
+    ) -> Counter[tuple[str, str, str]]:
+        """Write new entries and revisions; count (session, scope, stored|duplicates)."""
+        tally: Counter[tuple[str, str, str]] = Counter()
+        existing: dict[str, tuple[int, str]] = {}
+        for pk in set(pks.values()):
+            for found in self.conn.execute(
+                "SELECT source_key, revision, object_hash FROM entries "
+                "WHERE run_id=? AND source_pk=? AND latest=1",
+                (run_id, pk),
+            ):
+                existing[found["source_key"]] = (found["revision"], found["object_hash"])
+        for row in rows:
+            known = existing.get(row.source_key)
+            if known is not None and known[1] == row.object_hash:
+                tally[(row.session, row.scope, "duplicates")] += 1
+                continue
+            revision = 0
+            if known is not None:
+                revision = known[0] + 1
+                self.conn.execute(
+                    "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?",
+                    (run_id, row.source_key),
+                )
+            body = dict(row.body, created_at=self.now)
+            self.conn.execute(
+                "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
+                "revision, latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, "
+                "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
+                (
+                    row.id,
+                    run_id,
+                    pks[row.session],
+                    row.source_key,
+                    row.sequence,
+                    row.ordinal,
+                    revision,
+                    row.kind,
+                    row.tool_call_id,
+                    row.scope,
+                    row.content_ref,
+                    row.raw_ref,
+                    row.intent_ref,
+                    row.object_hash,
+                    json.dumps(body, ensure_ascii=False, sort_keys=True),
+                ),
+            )
+            tally[(row.session, row.scope, "stored")] += 1
+        return tally
+
+    def _put_objects(self, mat: Materializer) -> None:
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO objects(ref, bytes, media_type, redacted) VALUES (?,?,?,?)",
+            [
+                (ref, size, media, int(red))
+                for ref, (size, media, red) in mat.objects_written.items()
+            ],
+        )
+
+    def _put_actions(
+        self,
+        run_id: str,
+        outcome: Outcome,
+        rows: list[EntryRow],
+        sources: dict[str, dict[str, Any]],
+    ) -> None:
+        by_key = {(row.sequence, row.ordinal): row for row in rows}
+        clean = self.redactor.clean
+        for action in outcome.actions:
+            row = by_key.get(action.draft)
+            if row is None or row.scope != CURRENT:
+                continue  # prior-context actions are excluded from relations
+            source = sources[action.session]
+            self.conn.execute(
+                "INSERT OR IGNORE INTO actions(run_id, source_id, entry_id, object_hash, kind, "
+                "harness, session_id, target, agent_id, tool_call_id, recorded_at, body_limited) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    source["id"],
+                    row.id,
+                    row.object_hash,
+                    action.kind,
+                    source["harness"],
+                    source["session_id"],
+                    clean(action.target) if action.target else None,
+                    clean(action.agent_id) if action.agent_id else None,
+                    row.tool_call_id,
+                    row.body.get("recorded_at"),
+                    int(action.body_limited),
+                ),
+            )
+
+    def _put_file(
+        self, run_id: str, path_key: str, data: bytes, boundary: int, cursor: int
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO files(run_id, path_key, boundary, boundary_hash, cursor, cursor_hash, "
+            "updated_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT(run_id, path_key) DO UPDATE SET "
+            "boundary=excluded.boundary, boundary_hash=excluded.boundary_hash, "
+            "cursor=excluded.cursor, cursor_hash=excluded.cursor_hash, "
+            "updated_at=excluded.updated_at",
+            (
+                run_id,
+                path_key,
+                boundary,
+                _hash(data[:boundary]),
+                cursor,
+                _hash(data[:cursor]),
+                self.now,
+            ),
+        )
+
+    # ---- reports ---------------------------------------------------------------------
+
+    def _report(
+        self,
+        run_id: str,
+        key: str,
+        source: dict[str, Any],
+        outcome: Outcome,
+        split: LineSplit,
+        mat: Materializer,
+        written: Counter[tuple[str, str, str]],
+        file_issues: list[dict[str, Any]],
+        policy: CapturePolicy,
+    ) -> SourceReport:
+        boundary = mat.boundary
+        current = Tally()
+        prior = Tally() if boundary > 0 else None
+        ranges = {CURRENT: current, PRIOR: prior}
+
+        def tally_of(start: int) -> Tally:
+            chosen = prior if prior is not None and start < boundary else current
+            return chosen
+
+        for line in split.lines:
+            tally_of(line.start).add("discovered")
+        for info in outcome.lines:
+            tally = tally_of(mat.lines[info.number].start)
+            if info.session != key:
+                continue
+            tally.add("matched")
+            tally.add("read")
+            tally.line(info.number, info.timestamp)
+            if info.status == "failed":
+                tally.add("failed")
+            else:
+                tally.add("parsed")
+                if info.status == "unrecognized":
+                    tally.add("unrecognized")
+        if split.deferred is not None:
+            current.add("discovered")
+            owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
+            if owner == key:
+                current.add("matched")
+                current.add("deferred")
+                current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
+        for draft in outcome.drafts:
+            if draft.session == key:
+                tally_of(mat.lines[draft.line].start).present.update(draft.fields)
+        for issue in outcome.issues:
+            if issue.session != key:
+                continue
+            start = mat.lines[issue.line].start if issue.line in mat.lines else boundary
+            body: dict[str, Any] = {"code": issue.code}
+            if issue.line is not None:
+                body["line"] = issue.line
+            if issue.field:
+                body["field"] = issue.field
+            tally = tally_of(start)
+            if prior is not None:
+                body["scope"] = PRIOR if tally is prior else CURRENT
+            tally.issues.append(body)
+        current.issues.extend(file_issues)
+        omissions: Counter[str] = Counter()
+        for scope, tally_or_none in ranges.items():
+            if tally_or_none is None:
+                continue
+            tally_or_none.add("stored", written[(key, scope, "stored")])
+            tally_or_none.add("duplicates", written[(key, scope, "duplicates")])
+            tally_or_none.add("truncated", mat.truncated[(key, scope)])
+            omissions.update(mat.omissions.get((key, scope), Counter()))
+        report = coverage_report(
+            run_id=run_id,
+            source=source,
+            observed_at=self.now,
+            current=current,
+            prior=prior,
+            policy=policy.to_wire(),
+            omissions=dict(omissions),
+            last_success_at=self._last_success(run_id, source["id"]),
+        )
+        self._put_coverage(run_id, report)
+        summary = dict(outcome.stats.get(key, Counter()))
+        for name, value in outcome.usage.get(key, Counter()).items():
+            summary[f"usage_{name}"] = value
+        return SourceReport(report, dict(sorted(summary.items())))
+
+    def _last_success(self, run_id: str, source_key: str) -> str | None:
+        row = self.conn.execute(
+            "SELECT body FROM coverage WHERE run_id=? AND source_id=? ORDER BY pk DESC LIMIT 1",
+            (run_id, source_key),
+        ).fetchone()
+        if row is None:
+            return None
+        value = json.loads(row["body"]).get("last_success_at")
+        return value if isinstance(value, str) else None
+
+    def _put_coverage(self, run_id: str, report: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT INTO coverage(id, run_id, source_id, status, observed_at, body) "
+            "VALUES (?,?,?,?,?,?)",
+            (
+                report["id"],
+                run_id,
+                report["source"]["id"],
+                report["status"],
+                report["observed_at"],
+                json.dumps(report, ensure_ascii=False, sort_keys=True),
+            ),
+        )
+
+    # ---- files no parser reads -------------------------------------------------------
+
+    def _unparsed(
+        self,
+        run_id: str,
+        path_key: str,
+        stem: str,
+        harness: str | None,
+        policy: CapturePolicy,
+        reason: str,
+    ) -> IngestReport:
+        name = harness or "unknown"
+        tally = Tally(counts=unknown_counts(discovered=0))
+        if reason == "unreadable":
+            tally.issues.append({"code": "source_unreadable"})
+        status = "no_input" if reason == "no_input" else "failed"
+        return self._single(run_id, path_key, stem, name, None, policy, tally, status)
+
+    def _unsupported(
+        self,
+        run_id: str,
+        path_key: str,
+        stem: str,
+        detected: str | None,
+        policy: CapturePolicy,
+        split: LineSplit,
+        data: bytes,
+    ) -> IngestReport:
+        name = detected or "unknown"
+        tally = Tally(counts=zero_counts())
+        if detected == "gemini_cli":
+            document = json.loads(data)
+            session = str(document.get("sessionId") or stem)
+            for key in ("discovered", "matched", "read", "parsed", "unrecognized"):
+                tally.add(key)
+            tally.issues.append({"code": "unsupported_format"})
+            return self._single(
+                run_id, path_key, session, name, "gemini_cli.chat_json", policy, tally, "failed"
+            )
+        for line in split.lines:
+            for key in ("discovered", "matched", "read"):
+                tally.add(key)
+            tally.add("failed" if line.obj is None else "parsed")
+            if line.obj is not None:
+                tally.add("unrecognized")
+        if split.deferred is not None:
+            for key in ("discovered", "matched", "deferred"):
+                tally.add(key)
+        if not tally.counts["matched"]:
+            return self._single(run_id, path_key, stem, name, None, policy, tally, "empty")
+        tally.issues.append({"code": "unknown_format"})
+        return self._single(run_id, path_key, stem, name, None, policy, tally, "failed")
+
+    def _single(
+        self,
+        run_id: str,
+        path_key: str,
+        session: str,
+        harness: str,
+        format_version: str | None,
+        policy: CapturePolicy,
+        tally: Tally,
+        status: str,
+    ) -> IngestReport:
+        clean = self.redactor.clean
+        session_id = clean(session)
+        source: dict[str, Any] = {
+            "id": source_id(run_id, harness, path_key, session_id),
+            "harness": harness,
+            "channel": "transcript",
+            "session_id": session_id,
+            "path": clean(path_key),
+            "parser_version": PARSER_VERSIONS.get(harness, "braid.unsupported/1"),
+            "binding": "explicit",
+            "binding_evidence": ["caller_run_id"],
+        }
+        if format_version:
+            source["format_version"] = format_version
+        with _transaction(self.conn):
+            _ensure_run(self.conn, run_id, policy, self.now)
+            self._put_source(run_id, path_key, source)
+            report = coverage_report(
+                run_id=run_id,
+                source=source,
+                observed_at=self.now,
+                current=tally,
+                prior=None,
+                policy=policy.to_wire(),
+                omissions={},
+                last_success_at=self._last_success(run_id, source["id"]),
+                status=status,
+                missing_fields=[],
+            )
+            self._put_coverage(run_id, report)
+        return IngestReport(run_id, path_key, harness, (SourceReport(report, {}),))
+
+
+def _ensure_run(conn: sqlite3.Connection, run_id: str, policy: CapturePolicy, now: str) -> None:
+    body = json.dumps(policy.to_wire(), sort_keys=True)
+    conn.execute(
+        "INSERT OR IGNORE INTO runs(run_id, created_at, policy) VALUES (?,?,?)",
+        (run_id, now, body),
+    )
+    conn.execute("UPDATE runs SET policy=? WHERE run_id=? AND policy IS NULL", (body, run_id))
+
+
+def _hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _prefix_matches(data: bytes, length: int, expected: str) -> bool:
+    return length <= len(data) and _hash(data[:length]) == expected
+
+
+class _transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on any exception)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.execute("ROLLBACK")

@@ -1,0 +1,287 @@
+"""Turning a parser's drafts into stored entries: redaction, policy, objects, identities.
+
+For each draft: the execution scope comes from its line's offset and the resume boundary;
+its bodies (``content``, the line's ``raw_content``, a Claude ``intent_content``) are
+redacted, then either stored as objects (``state: stored``, ``ref`` = ``sha256:`` of the
+redacted bytes), omitted by the capture policy (``state: omitted``, with the length and
+digest of the pre-redaction input and its ``digest_scope``), or unavailable (over the
+32 MiB object limit: ``capture_limit``, counted ``truncated``). Every string copied from a
+source into an entry or a source record (ids, names, paths, versions) is redacted too.
+
+Identities: ``Source.id`` = ``src_`` + digest of (run, harness, file, session);
+``source_key`` = ``<source id>:<line>:<ordinal>``; ``Entry.id`` = ``ctx_`` + digest of
+(run, source key). ``object_hash`` is the digest of the entry without ``object_hash``,
+``created_at`` and ``source`` (which it names by ``source_id``), so an unchanged record
+re-ingested has the same hash (a duplicate) and a changed one becomes a new revision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from braid_actors.model import digest
+
+from ._objects import MAX_OBJECT_BYTES, ObjectStore
+from ._parsed import Line
+from ._policy import CapturePolicy
+from ._redact import Redactor
+
+if TYPE_CHECKING:
+    from ._parsed import Content, Draft, Outcome, SessionInfo
+
+SCHEMA: Final = "agentprovenance.agent_context/v1"
+PRIOR: Final = "prior_context"
+CURRENT: Final = "current_execution"
+
+
+def _short(value: Any, size: int = 32) -> str:
+    return digest(value)[len("sha256:") :][:size]
+
+
+def source_id(run_id: str, harness: str, path_key: str, session_id: str) -> str:
+    return "src_" + _short([run_id, harness, path_key, session_id], 24)
+
+
+def entry_id(run_id: str, source_key: str) -> str:
+    return "ctx_" + _short([run_id, source_key])
+
+
+@attrs.frozen
+class EntryRow:
+    """One entry ready to be written."""
+
+    id: str
+    session: str
+    source_key: str
+    sequence: int
+    ordinal: int
+    kind: str
+    tool_call_id: str | None
+    scope: str
+    content_ref: str | None
+    raw_ref: str | None
+    intent_ref: str | None
+    object_hash: str
+    body: dict[str, Any]
+    """The Entry wire object without ``source``."""
+
+
+@attrs.define(eq=False)
+class Materializer:
+    """Materializes one file's drafts for one run."""
+
+    run_id: str
+    path_key: str
+    policy: CapturePolicy
+    redactor: Redactor
+    objects: ObjectStore
+    boundary: int
+    lines: dict[int, Line]
+    objects_written: dict[str, tuple[int, str, bool]] = attrs.Factory(dict)
+    omissions: dict[tuple[str, str], Counter[str]] = attrs.Factory(dict)
+    truncated: Counter[tuple[str, str]] = attrs.Factory(Counter)
+    _raw: dict[int, dict[str, Any]] = attrs.Factory(dict)
+
+    def scope_of(self, line: int) -> str:
+        return PRIOR if self.lines[line].start < self.boundary else CURRENT
+
+    def source(self, outcome: Outcome, info: SessionInfo) -> dict[str, Any]:
+        """The Source wire object of one session of the file."""
+        clean = self.redactor.clean
+        session_id = clean(info.session_id)
+        body: dict[str, Any] = {
+            "id": source_id(self.run_id, outcome.harness, self.path_key, session_id),
+            "harness": outcome.harness,
+            "channel": "transcript",
+            "session_id": session_id,
+            "path": clean(self.path_key),
+            "parser_version": outcome.parser_version,
+            "format_version": outcome.format_version,
+            "binding": "explicit",
+            "binding_evidence": ["caller_run_id", *(clean(e) for e in info.evidence)],
+        }
+        for key, value in (
+            ("parent_session_id", info.parent_session_id),
+            ("agent_id", info.agent_id),
+            ("application_version", info.application_version),
+            ("workdir", info.workdir),
+        ):
+            if value:
+                body[key] = clean(value)
+        return body
+
+    def omit(self, session: str, scope: str, category: str) -> None:
+        self.omissions.setdefault((session, scope), Counter())[category] += 1
+
+    def entry(
+        self, draft: Draft, source: dict[str, Any], ids: dict[tuple[int, int], str]
+    ) -> EntryRow | None:
+        """The row of ``draft``, or null when the policy keeps no record of it (history)."""
+        scope = self.scope_of(draft.line)
+        if scope == PRIOR and not self.policy.history:
+            self.omit(draft.session, scope, "history")
+            return None
+        clean = self.redactor.clean
+        source_key = f"{source['id']}:{draft.line}:{draft.ordinal}"
+        omit_content = (draft.kind == "tool_result" and not self.policy.tool_results) or (
+            draft.kind == "configuration" and not self.policy.configuration
+        )
+        content = self._content(draft.content, omit_content, draft, scope, "parsed_content")
+        if omit_content:
+            category = "tool_result" if draft.kind == "tool_result" else "configuration"
+            self.omit(draft.session, scope, category)
+        raw = self._raw_ref(draft, scope)
+        body: dict[str, Any] = {
+            "schema_version": SCHEMA,
+            "id": ids[draft.key],
+            "run_id": self.run_id,
+            "source_key": source_key,
+            "sequence": draft.line,
+            "source_ordinal": draft.ordinal,
+            "execution_scope": scope,
+            "kind": draft.kind,
+            "status": clean(draft.status),
+            "content": content,
+            "raw_content": raw,
+        }
+        for key, value in (
+            ("role", draft.role),
+            ("agent_id", draft.agent_id),
+            ("tool_call_id", draft.tool_call_id),
+            ("tool_name", draft.tool_name),
+            ("recorded_at", draft.recorded_at),
+        ):
+            if value:
+                body[key] = clean(value)
+        intent_ref = None
+        if draft.intent is not None and raw.get("state") != "stored":
+            intent = self._store_json(draft.intent)
+            intent["reason"] = "derived_intent_projection"
+            body["intent_content"] = intent
+            intent_ref = intent.get("ref")
+        if draft.session_metadata is not None:
+            body["session_metadata"] = self.redactor.value(draft.session_metadata)[0]
+        if draft.missing_fields:
+            body["missing_fields"] = list(draft.missing_fields)
+        refs = [ids[key] for key in draft.refs if key in ids]
+        if refs:
+            body["evidence_refs"] = refs
+        hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
+        hashed["source_id"] = source["id"]
+        object_hash = digest(hashed)
+        body["object_hash"] = object_hash
+        return EntryRow(
+            id=ids[draft.key],
+            session=draft.session,
+            source_key=source_key,
+            sequence=draft.line,
+            ordinal=draft.ordinal,
+            kind=draft.kind,
+            tool_call_id=body.get("tool_call_id"),
+            scope=scope,
+            content_ref=content.get("ref"),
+            raw_ref=raw.get("ref"),
+            intent_ref=intent_ref,
+            object_hash=object_hash,
+            body=body,
+        )
+
+    # ---- bodies ----------------------------------------------------------------------
+
+    def _content(
+        self, content: Content | None, omit: bool, draft: Draft, scope: str, digest_scope: str
+    ) -> dict[str, Any]:
+        if content is None:
+            return {
+                "bytes": None,
+                "redacted": False,
+                "state": "unavailable",
+                "reason": "source_not_recorded",
+            }
+        if content.value is None:
+            return {
+                "bytes": None,
+                "media_type": content.media_type,
+                "redacted": False,
+                "state": "unavailable",
+                "reason": content.reason or "source_not_recorded",
+            }
+        if isinstance(content.value, str):
+            original = content.value.encode("utf-8")
+            if omit:
+                return _omitted(original, content.media_type, digest_scope)
+            result = self.redactor.text(content.value)
+            return self._put(
+                result.text.encode("utf-8"), content.media_type, result.redacted, draft, scope
+            )
+        original = _dumps(content.value)
+        if omit:
+            return _omitted(original, content.media_type, digest_scope)
+        return self._store_json(content.value, draft, scope)
+
+    def _store_json(
+        self, value: Any, draft: Draft | None = None, scope: str = CURRENT
+    ) -> dict[str, Any]:
+        clean, hit = self.redactor.value(value)
+        text = self.redactor.text(_dumps(clean).decode("utf-8"))
+        return self._put(
+            text.text.encode("utf-8"), "application/json", hit or text.redacted, draft, scope
+        )
+
+    def _put(
+        self, data: bytes, media_type: str, redacted: bool, draft: Draft | None, scope: str
+    ) -> dict[str, Any]:
+        if len(data) > MAX_OBJECT_BYTES:
+            if draft is not None:
+                self.truncated[(draft.session, scope)] += 1
+            return {
+                "bytes": len(data),
+                "media_type": media_type,
+                "redacted": redacted,
+                "state": "unavailable",
+                "reason": "capture_limit",
+            }
+        ref = self.objects.put(data)
+        self.objects_written.setdefault(ref, (len(data), media_type, redacted))
+        return {
+            "ref": ref,
+            "bytes": len(data),
+            "sha256": ref[len("sha256:") :],
+            "media_type": media_type,
+            "redacted": redacted,
+            "state": "stored",
+        }
+
+    def _raw_ref(self, draft: Draft, scope: str) -> dict[str, Any]:
+        if not self.policy.source_records:
+            self.omit(draft.session, scope, "source_records")
+        cached = self._raw.get(draft.line)
+        if cached is None:
+            line = self.lines[draft.line]
+            if self.policy.source_records:
+                cached = self._store_json(line.obj, draft, scope)
+            else:
+                cached = _omitted(line.raw, "application/json", "source_record")
+            self._raw[draft.line] = cached
+        return cached
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _omitted(original: bytes, media_type: str, digest_scope: str) -> dict[str, Any]:
+    return {
+        "bytes": len(original),
+        "sha256": hashlib.sha256(original).hexdigest(),
+        "media_type": media_type,
+        "redacted": False,
+        "state": "omitted",
+        "reason": "capture_policy",
+        "digest_scope": digest_scope,
+    }

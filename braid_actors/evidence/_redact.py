@@ -1,0 +1,141 @@
+"""Redaction: secrets are replaced before anything is hashed, stored or shown.
+
+Every body the evidence store writes passes through :meth:`Redactor.text` (strings) or
+:meth:`Redactor.value` (parsed JSON, every string value and key). A match is replaced by
+``[REDACTED:<kind>]``, a marker with no quotes or backslashes, so redacting JSON text keeps
+it valid JSON. Objects are addressed by the digest of the *redacted* bytes, so the same
+secret never yields a reference that could confirm a guess at it.
+
+Built-in kinds: Anthropic / OpenAI style ``sk-`` keys, AWS access key ids and secret
+assignments, GitHub, GitLab, Slack, Stripe and Google API tokens, JSON web tokens, bearer and
+basic ``Authorization`` credentials, credentials in URLs, PEM private key blocks (also when
+the end marker is missing), and ``key = value`` assignments whose name says secret and whose
+value looks like one. Callers add their own regular expressions (kind ``configured``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from braid_actors.errors import EvidenceInvalidArgument
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+_SECRET_NAME = (
+    r"(?:api[_-]?key|apikey|secret(?:[_-]?key)?|client[_-]?secret|access[_-]?token|"
+    r"auth[_-]?token|refresh[_-]?token|private[_-]?key|password|passwd|credentials?)"
+)
+
+BUILTIN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
+    (
+        "pem_private_key",
+        r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?"
+        r"(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+    ),
+    ("anthropic_key", r"sk-ant-[A-Za-z0-9_\-]{16,}"),
+    ("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}"),
+    ("aws_access_key_id", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+    (
+        "aws_secret_access_key",
+        r"(?i)(?P<keep>aws_secret_access_key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9/+=]{40,}",
+    ),
+    ("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+    ("gitlab_token", r"\bglpat-[A-Za-z0-9_\-]{20,}"),
+    ("slack_token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
+    ("stripe_key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"),
+    ("google_api_key", r"\bAIza[0-9A-Za-z_\-]{35}"),
+    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
+    ("bearer_token", r"(?i)(?P<keep>\bbearer[ \t]+)[A-Za-z0-9._~+/\-]{8,}=*"),
+    ("basic_credentials", r"(?i)(?P<keep>\bbasic[ \t]+)[A-Za-z0-9+/]{12,}={0,2}(?![A-Za-z0-9])"),
+    ("url_credentials", r"(?P<keep>://[^\s/:@\"'\\]+:)[^\s/@\"'\\]+(?=@)"),
+    (
+        "secret_assignment",
+        r"(?i)(?P<keep>(?<![A-Za-z0-9])" + _SECRET_NAME + r"[\"']?\s*[:=]\s*[\"']?)"
+        r"(?=[A-Za-z0-9_\-+/=.]*[0-9])(?=[A-Za-z0-9_\-+/=.]*[A-Za-z])[A-Za-z0-9_\-+/=.]{12,}",
+    ),
+)
+
+
+@attrs.frozen
+class _Rule:
+    kind: str
+    pattern: re.Pattern[str]
+
+    def apply(self, value: str) -> tuple[str, int]:
+        marker = f"[REDACTED:{self.kind}]"
+        if "keep" in self.pattern.groupindex:
+            # The name or scheme stays readable; only the secret after it goes.
+            return self.pattern.subn(lambda m: (m.group("keep") or "") + marker, value)
+        return self.pattern.subn(marker, value)
+
+
+_BUILTIN: Final = tuple(_Rule(kind, re.compile(source)) for kind, source in BUILTIN_PATTERNS)
+
+
+@attrs.frozen
+class Redacted:
+    """A redacted string and whether anything was replaced."""
+
+    text: str
+    redacted: bool
+
+
+@attrs.define(eq=False)
+class Redactor:
+    """Applies the built-in rules plus configured regular expressions."""
+
+    rules: tuple[_Rule, ...]
+
+    @classmethod
+    def create(cls, patterns: Sequence[str] = ()) -> Redactor:
+        """A redactor with the built-in rules and ``patterns`` (kind ``configured``)."""
+        configured: list[_Rule] = []
+        for number, source in enumerate(patterns, start=1):
+            try:
+                configured.append(_Rule("configured", re.compile(source)))
+            except re.error:
+                raise EvidenceInvalidArgument(
+                    "a configured redaction pattern is not a valid regular expression",
+                    details={"pattern_index": number},
+                ) from None
+        return cls(rules=(*_BUILTIN, *configured))
+
+    def text(self, value: str) -> Redacted:
+        """Redact one string."""
+        changed = False
+        for rule in self.rules:
+            value, count = rule.apply(value)
+            changed = changed or count > 0
+        return Redacted(value, changed)
+
+    def clean(self, value: str) -> str:
+        """Redact one string and return the text only."""
+        return self.text(value).text
+
+    def value(self, value: Any) -> tuple[Any, bool]:
+        """Redact every string (keys included) inside a parsed JSON value."""
+        if isinstance(value, str):
+            result = self.text(value)
+            return result.text, result.redacted
+        if isinstance(value, list):
+            changed = False
+            items: list[Any] = []
+            for item in value:
+                clean, hit = self.value(item)
+                items.append(clean)
+                changed = changed or hit
+            return items, changed
+        if isinstance(value, dict):
+            changed = False
+            mapping: dict[str, Any] = {}
+            for key, item in value.items():
+                clean_key = self.text(str(key))
+                clean, hit = self.value(item)
+                mapping[clean_key.text] = clean
+                changed = changed or hit or clean_key.redacted
+            return mapping, changed
+        return value, False

@@ -1,0 +1,142 @@
+"""The evidence database: ``$BRAID_HOME/evidence.sqlite3`` (WAL, mode 0600).
+
+Tables (bodies are redacted JSON; no column ever holds an unredacted source string)::
+
+    meta(name PRIMARY KEY, value)            schema_version, cursor_key (hex, 32 random bytes)
+    runs(run_id PRIMARY KEY, created_at, policy, runtime_capture, runtime_started_at,
+         runtime_ended_at)                   policy = CapturePolicy wire JSON, set by the
+                                             first ingest and immutable; runtime_capture =
+                                             null (never recorded), enabled or disabled
+    sources(pk, id UNIQUE, run_id, harness, session_id, agent_id, parent_session_id,
+            path_key, body, updated_at)      body = Source wire JSON
+    files(run_id, path_key, boundary, boundary_hash, cursor, cursor_hash, updated_at)
+                                             the resume cursor of each file per run
+    coverage(pk, id UNIQUE, run_id, source_id, status, observed_at, body)
+                                             every report; the latest per source is current
+    entries(pk, id, run_id, source_pk, source_key, sequence, ordinal, revision, latest,
+            kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, object_hash, body)
+                                             body = Entry wire JSON without ``source``
+    objects(ref PRIMARY KEY, bytes, media_type, redacted)
+                                             bodies live in files (see ``_objects``)
+    actions(pk, run_id, source_id, entry_id, object_hash, kind, harness, session_id,
+            target, agent_id, tool_call_id, recorded_at, body_limited)
+                                             typed spawn / send_input / task_agent facts
+    runtime_events(pk, event_id UNIQUE, run_id, source, type, pid, ppid, argv, started_at,
+                   observed_run, session_id, harness, tool_call_id, created_at)
+                                             argv = redacted JSON list; observed_run = the
+                                             run the process said it belonged to
+    runtime_edges(run_id, event_id, entry_id, tool_call_id, inherited, pass_ref)
+    runtime_reports(pk, run_id, observed_at, ref, body)
+
+Every ingest writes its rows in one transaction, after the objects it cites are on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+from typing import TYPE_CHECKING, Final
+
+from braid_actors.errors import EvidenceStoreUnavailable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+DB_FILE: Final = "evidence.sqlite3"
+SCHEMA_VERSION: Final = "1"
+
+_DDL: Final = """
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs(
+    run_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, policy TEXT,
+    runtime_capture TEXT, runtime_started_at TEXT, runtime_ended_at TEXT);
+CREATE TABLE IF NOT EXISTS sources(
+    pk INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, run_id TEXT NOT NULL,
+    harness TEXT NOT NULL, session_id TEXT NOT NULL, agent_id TEXT, parent_session_id TEXT,
+    path_key TEXT NOT NULL, body TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sources_run ON sources(run_id, pk);
+CREATE INDEX IF NOT EXISTS sources_session ON sources(harness, session_id);
+CREATE TABLE IF NOT EXISTS files(
+    run_id TEXT NOT NULL, path_key TEXT NOT NULL, boundary INTEGER NOT NULL,
+    boundary_hash TEXT NOT NULL, cursor INTEGER NOT NULL, cursor_hash TEXT NOT NULL,
+    updated_at TEXT NOT NULL, PRIMARY KEY(run_id, path_key));
+CREATE INDEX IF NOT EXISTS files_path ON files(path_key, cursor);
+CREATE TABLE IF NOT EXISTS coverage(
+    pk INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, run_id TEXT NOT NULL,
+    source_id TEXT NOT NULL, status TEXT NOT NULL, observed_at TEXT NOT NULL,
+    body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS coverage_source ON coverage(run_id, source_id, pk);
+CREATE TABLE IF NOT EXISTS entries(
+    pk INTEGER PRIMARY KEY, id TEXT NOT NULL, run_id TEXT NOT NULL,
+    source_pk INTEGER NOT NULL, source_key TEXT NOT NULL, sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL, revision INTEGER NOT NULL, latest INTEGER NOT NULL,
+    kind TEXT NOT NULL, tool_call_id TEXT, scope TEXT, content_ref TEXT, raw_ref TEXT,
+    intent_ref TEXT, object_hash TEXT NOT NULL, body TEXT NOT NULL,
+    UNIQUE(run_id, source_key, revision));
+CREATE INDEX IF NOT EXISTS entries_page
+    ON entries(run_id, source_pk, sequence, ordinal, revision);
+CREATE INDEX IF NOT EXISTS entries_id ON entries(run_id, id);
+CREATE INDEX IF NOT EXISTS entries_tool ON entries(run_id, tool_call_id);
+CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref);
+CREATE TABLE IF NOT EXISTS objects(
+    ref TEXT PRIMARY KEY, bytes INTEGER NOT NULL, media_type TEXT NOT NULL,
+    redacted INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS actions(
+    pk INTEGER PRIMARY KEY, run_id TEXT NOT NULL, source_id TEXT NOT NULL,
+    entry_id TEXT NOT NULL, object_hash TEXT NOT NULL, kind TEXT NOT NULL,
+    harness TEXT NOT NULL, session_id TEXT NOT NULL, target TEXT, agent_id TEXT,
+    tool_call_id TEXT, recorded_at TEXT, body_limited INTEGER NOT NULL,
+    UNIQUE(run_id, entry_id, kind, agent_id));
+CREATE INDEX IF NOT EXISTS actions_session ON actions(harness, session_id);
+CREATE INDEX IF NOT EXISTS actions_target ON actions(harness, target);
+CREATE TABLE IF NOT EXISTS runtime_events(
+    pk INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, run_id TEXT,
+    source TEXT NOT NULL, type TEXT NOT NULL, pid INTEGER, ppid INTEGER, argv TEXT,
+    started_at TEXT, observed_run TEXT, session_id TEXT, harness TEXT, tool_call_id TEXT,
+    created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS runtime_events_run ON runtime_events(run_id, pk);
+CREATE TABLE IF NOT EXISTS runtime_edges(
+    run_id TEXT NOT NULL, event_id TEXT NOT NULL, entry_id TEXT NOT NULL,
+    tool_call_id TEXT, inherited INTEGER NOT NULL, pass_ref TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS runtime_edges_run ON runtime_edges(run_id, event_id);
+CREATE TABLE IF NOT EXISTS runtime_reports(
+    pk INTEGER PRIMARY KEY, run_id TEXT NOT NULL, observed_at TEXT NOT NULL,
+    ref TEXT NOT NULL, body TEXT NOT NULL);
+"""
+
+
+def connect(home: Path) -> sqlite3.Connection:
+    """Open (creating when absent) the evidence database under ``home``."""
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = home / DB_FILE
+        if not path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(_DDL)
+        row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO meta(name, value) VALUES ('schema_version', ?), ('cursor_key', ?)",
+                (SCHEMA_VERSION, secrets.token_hex(32)),
+            )
+        elif row["value"] != SCHEMA_VERSION:
+            conn.close()
+            raise EvidenceStoreUnavailable(
+                "the evidence database has an unknown schema version",
+                details={"schema_version": row["value"]},
+            )
+    except (sqlite3.Error, OSError):
+        raise EvidenceStoreUnavailable("the evidence database cannot be opened") from None
+    return conn
+
+
+def cursor_key(conn: sqlite3.Connection) -> bytes:
+    """The secret that signs page cursors (created with the database)."""
+    row = conn.execute("SELECT value FROM meta WHERE name='cursor_key'").fetchone()
+    return bytes.fromhex(row["value"])

@@ -1,0 +1,379 @@
+"""The evidence store: one synchronous object over the database and the object files.
+
+``EvidenceStore.open(home)`` opens ``home/evidence.sqlite3`` and ``home/objects``. Every
+method is a short synchronous call (small-file I/O and SQLite); an actor drives it through
+``trio.to_thread``, one call at a time. Reads that the HTTP API serves return dicts shaped
+exactly like the spec's schemas; errors are :class:`~braid_actors.errors.EvidenceError`
+subclasses whose ``code`` is the API's error code.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Self
+
+from braid_actors.errors import (
+    EvidenceContentNotFound,
+    EvidenceInvalidArgument,
+    EvidenceStoreUnavailable,
+)
+from braid_actors.model import new_id
+
+from . import _runtime
+from ._ingest import Ingest, IngestReport
+from ._materialize import SCHEMA
+from ._objects import REF_RE, ObjectStore
+from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entries_page
+from ._policy import CapturePolicy, make_policy
+from ._redact import Redactor
+from ._relations import session_relations
+from ._schema import connect, cursor_key
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import TracebackType
+
+    from ._runtime import ProcessObservation
+
+MAX_SOURCES: Final = 256
+DEFAULT_CONTENT_LIMIT: Final = 65_536
+
+
+class EvidenceStore:
+    """Recorded evidence of runs: ingest transcripts, then read coverage, entries, content."""
+
+    def __init__(self, home: Path, conn: sqlite3.Connection, redactor: Redactor) -> None:
+        self.home = home
+        self._conn = conn
+        self._objects = ObjectStore(home / "objects")
+        self._redactor = redactor
+        self._codec = CursorCodec(cursor_key(conn))
+
+    @classmethod
+    def open(cls, home: Path, *, redaction_patterns: Sequence[str] = ()) -> EvidenceStore:
+        """Open (or create) the store under ``home``; ``redaction_patterns`` are extra regexes."""
+        redactor = Redactor.create(redaction_patterns)
+        return cls(Path(home), connect(Path(home)), redactor)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ---- ingest ----------------------------------------------------------------------
+
+    def ingest(
+        self,
+        path: Path,
+        *,
+        run_id: str | None = None,
+        harness: str | None = None,
+        policy: str | CapturePolicy | None = None,
+        resume_offset: int | None = None,
+    ) -> IngestReport:
+        """Ingest one transcript file into a run and report its coverage per source.
+
+        Without ``run_id`` a new import run is created and the whole file is its current
+        execution. ``harness`` skips detection. ``policy`` (``basic`` / ``detailed``) applies
+        to a new run; a run keeps the policy of its first ingest. ``resume_offset`` is the
+        byte offset where this run's execution starts in the file (the rest is prior context).
+        """
+        if run_id is None:
+            run_id = new_id("run")
+            resume_offset = 0 if resume_offset is None else resume_offset
+        elif not 1 <= len(run_id) <= 512:
+            raise EvidenceInvalidArgument(
+                "run must be 1 to 512 characters", details={"field": "run"}
+            )
+        chosen = self._policy(run_id, policy)
+        with self._guard():
+            return Ingest(self._conn, self._objects, self._redactor, _runtime.now_text()).run(
+                Path(path),
+                run_id=run_id,
+                harness=harness,
+                policy=chosen,
+                resume_offset=resume_offset,
+            )
+
+    def _policy(self, run_id: str, policy: str | CapturePolicy | None) -> CapturePolicy:
+        wanted = make_policy(policy) if isinstance(policy, str) else policy
+        row = self._conn.execute("SELECT policy FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None or row["policy"] is None:
+            return wanted or make_policy("basic")
+        recorded = CapturePolicy.from_wire(json.loads(row["policy"]))
+        if wanted is not None and wanted != recorded:
+            raise EvidenceInvalidArgument(
+                "the run's capture policy is fixed by its first ingest",
+                details={"field": "policy", "recorded": recorded.preset},
+            )
+        return recorded
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def runs(self) -> list[str]:
+        """Every run the store holds, oldest first."""
+        return [
+            r["run_id"]
+            for r in self._conn.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")
+        ]
+
+    def overview(self, run_id: str) -> dict[str, Any]:
+        """The run's ``Overview``: latest coverage per source and stored record counts."""
+        with self._guard():
+            run_id = check_run(self._conn, run_id)
+            reports = self._conn.execute(
+                "SELECT c.body FROM coverage c JOIN (SELECT source_id, MAX(pk) AS pk "
+                "FROM coverage WHERE run_id=? GROUP BY source_id) latest ON latest.pk = c.pk "
+                "ORDER BY c.pk LIMIT ?",
+                (run_id, MAX_SOURCES + 1),
+            ).fetchall()
+            counts = dict(
+                self._conn.execute(
+                    "SELECT kind, COUNT(*) FROM entries WHERE run_id=? AND latest=1 GROUP BY kind",
+                    (run_id,),
+                ).fetchall()
+            )
+            policy = self._conn.execute(
+                "SELECT policy FROM runs WHERE run_id=?", (run_id,)
+            ).fetchone()
+            body: dict[str, Any] = {
+                "schema_version": SCHEMA,
+                "run_id": run_id,
+                "coverage": [json.loads(r["body"]) for r in reports[:MAX_SOURCES]],
+                "messages": counts.get("message", 0),
+                "tool_calls": counts.get("tool_call", 0),
+                "tool_results": counts.get("tool_result", 0),
+                "snapshots": sum(counts.get(k, 0) for k in ("task", "configuration", "approval")),
+                "has_more_sources": len(reports) > MAX_SOURCES,
+                "runtime_coverage": _runtime.coverage(self._conn, run_id),
+            }
+            if policy["policy"]:
+                body["capture_policy"] = json.loads(policy["policy"])
+            return body
+
+    def entries(
+        self,
+        run_id: str,
+        *,
+        session: str | None = None,
+        harness: str | None = None,
+        source: str | None = None,
+        kind: str | None = None,
+        tool_call: str | None = None,
+        entry: str | None = None,
+        node: str | None = None,
+        group: str | None = None,
+        revisions: bool = False,
+        cursor: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
+        """One ``EntryPage``; ``next_cursor`` is bound to this run and these filters."""
+        filters = EntryFilters(
+            session, harness, source, kind, tool_call, entry, node, group, revisions
+        )
+        with self._guard():
+            return entries_page(self._conn, self._codec, run_id, filters, cursor, limit)
+
+    def content(
+        self, run_id: str, ref: str, *, offset: int = 0, limit: int = DEFAULT_CONTENT_LIMIT
+    ) -> dict[str, Any]:
+        """A ``ContentPage`` of a stored body the run cites, hash-checked on every read."""
+        with self._guard():
+            run_id = check_run(self._conn, run_id)
+            if not isinstance(ref, str) or not REF_RE.fullmatch(ref):
+                raise EvidenceInvalidArgument(
+                    "ref must be sha256: and 64 hex digits", details={"field": "ref"}
+                )
+            if isinstance(offset, bool) or not isinstance(offset, int):
+                raise EvidenceInvalidArgument(
+                    "offset must be an integer", details={"field": "offset"}
+                )
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise EvidenceInvalidArgument(
+                    "limit must be an integer", details={"field": "limit"}
+                )
+            cited = self._conn.execute(
+                "SELECT 1 FROM entries WHERE run_id=?1 AND (content_ref=?2 OR raw_ref=?2 OR "
+                "intent_ref=?2) UNION ALL SELECT 1 FROM runtime_reports WHERE run_id=?1 AND ref=?2 "
+                "LIMIT 1",
+                (run_id, ref),
+            ).fetchone()
+            meta = self._conn.execute("SELECT * FROM objects WHERE ref=?", (ref,)).fetchone()
+            if cited is None or meta is None:
+                raise EvidenceContentNotFound("the run cites no stored content with this ref")
+            page = self._objects.page(ref, offset, limit)
+            return {
+                "schema_version": "agentprovenance.content_page/v1",
+                "run_id": run_id,
+                "ref": ref,
+                "content": page.text,
+                "media_type": meta["media_type"],
+                "offset": page.offset,
+                "next_offset": page.next_offset,
+                "total_bytes": page.total_bytes,
+                "has_more": page.has_more,
+                "sha256": ref[len("sha256:") :],
+                "redacted": bool(meta["redacted"]),
+            }
+
+    def session_relations(
+        self,
+        run_id: str,
+        *,
+        harness: str,
+        session: str,
+        cursor: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
+        """One ``SessionRelationsPage`` for a native session that occurs in the run."""
+        with self._guard():
+            return session_relations(
+                self._conn, self._codec, run_id, harness, session, cursor, limit
+            )
+
+    def agent_links(self, run_id: str) -> list[dict[str, Any]]:
+        """Claude Code subagents of the run: each Task call's agent and its sidechain sources.
+
+        ``status`` is ``linked`` (the agent's file was ingested into the run),
+        ``agent_source_missing`` (the parent names an agent whose file is not here),
+        ``compaction`` (a compaction agent's file, linked to the parent's ``compact_boundary``
+        that follows it) or ``parent_call_missing`` (a sidechain file whose Task call is not
+        here).
+        """
+        with self._guard():
+            run_id = check_run(self._conn, run_id)
+            sidechains: dict[str, list[str]] = {}
+            for row in self._conn.execute(
+                "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL "
+                "ORDER BY pk",
+                (run_id,),
+            ):
+                sidechains.setdefault(row["agent_id"], []).append(row["id"])
+            links: list[dict[str, Any]] = []
+            named: set[str] = set()
+            for action in self._conn.execute(
+                "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
+            ):
+                agent = action["agent_id"]
+                named.add(agent)
+                found = sidechains.get(agent, [])
+                links.append(
+                    {
+                        "agent_id": agent,
+                        "tool_call_id": action["tool_call_id"],
+                        "parent_entry_id": action["entry_id"],
+                        "parent_source_id": action["source_id"],
+                        "session_id": action["session_id"],
+                        "agent_source_ids": found,
+                        "status": "linked" if found else "agent_source_missing",
+                    }
+                )
+            for agent, ids in sidechains.items():
+                if agent in named:
+                    continue
+                link: dict[str, Any] = {"agent_id": agent, "agent_source_ids": ids}
+                compact = agent.startswith("acompact")
+                boundary = self._compaction_for(run_id, ids) if compact else None
+                if boundary is not None:
+                    link.update(
+                        parent_entry_id=boundary["id"],
+                        parent_source_id=boundary["source_id"],
+                        session_id=boundary["session_id"],
+                        status="compaction",
+                    )
+                else:
+                    link["status"] = "parent_call_missing"
+                links.append(link)
+            return links
+
+    def _compaction_for(self, run_id: str, source_ids: list[str]) -> sqlite3.Row | None:
+        """The parent's ``compact_boundary`` a compaction agent's transcript ends before."""
+        marks = ",".join("?" * len(source_ids))
+        last = self._conn.execute(
+            "SELECT MAX(json_extract(e.body, '$.recorded_at')) AS at, MIN(s.session_id) AS sid "
+            f"FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE s.id IN ({marks})",
+            source_ids,
+        ).fetchone()
+        if last is None or last["sid"] is None:
+            return None
+        row: sqlite3.Row | None = self._conn.execute(
+            "SELECT e.id, s.id AS source_id, s.session_id FROM entries e "
+            "JOIN sources s ON s.pk = e.source_pk WHERE e.run_id=? AND s.session_id=? "
+            "AND s.agent_id IS NULL AND e.kind='session' "
+            "AND json_extract(e.body, '$.status')='compact_boundary' "
+            "AND json_extract(e.body, '$.recorded_at') >= COALESCE(?, '') "
+            "ORDER BY json_extract(e.body, '$.recorded_at') LIMIT 1",
+            (run_id, last["sid"], last["at"]),
+        ).fetchone()
+        return row
+
+    # ---- runtime ---------------------------------------------------------------------
+
+    def begin_runtime_capture(self, run_id: str) -> None:
+        """Record that runtime capture runs for this run (so an empty capture is ``no_input``)."""
+        with self._guard():
+            _runtime.set_capture(self._conn, run_id, "enabled", _runtime.now_text())
+
+    def disable_runtime_capture(self, run_id: str) -> None:
+        """Record that runtime capture was switched off for this run (status ``disabled``)."""
+        with self._guard():
+            _runtime.set_capture(self._conn, run_id, "disabled", _runtime.now_text())
+
+    def end_runtime_capture(self, run_id: str) -> None:
+        with self._guard():
+            _runtime.end_capture(self._conn, run_id, _runtime.now_text())
+
+    def record_runtime(self, run_id: str, observations: Iterable[ProcessObservation]) -> int:
+        """Store process observations as runtime events; returns how many were new."""
+        with self._guard():
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                added = _runtime.record(
+                    self._conn, self._redactor, run_id, observations, _runtime.now_text()
+                )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            return added
+
+    def correlate(self, run_id: str) -> dict[str, Any]:
+        """One correlation pass and its ``RuntimeCorrelationReport``; its edges replace the
+        previous pass's."""
+        with self._guard():
+            return _runtime.correlate(self._conn, self._objects, run_id, _runtime.now_text())
+
+    def runtime_coverage(self, run_id: str) -> dict[str, Any]:
+        """The run's ``RuntimeCoverage``."""
+        with self._guard():
+            return _runtime.coverage(self._conn, check_run(self._conn, run_id))
+
+    def _guard(self) -> _Guard:
+        return _Guard()
+
+
+class _Guard:
+    """Translates SQLite failures into ``store_unavailable`` (never "no evidence")."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and isinstance(exc, sqlite3.Error):
+            raise EvidenceStoreUnavailable("the evidence database could not be read") from None
