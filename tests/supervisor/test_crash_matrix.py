@@ -186,8 +186,8 @@ async def test_crash_at_each_durable_boundary(tmp_path: Path, point: str) -> Non
         nursery.cancel_scope.cancel()
 
     assert (workspace / "marks.txt").read_text() == "x\n", "the tool must run exactly once"
-    key = load_or_create_key(home, {})
-    with Journal.open(home, key, readonly=True) as journal:
+    journal_key = load_or_create_key(home, {})
+    with Journal.open(home, journal_key, readonly=True) as journal:
         dispatched = [r.data["run_id"] for r in journal.read() if r.type == "run.dispatched"]
     assert len(dispatched) == len(set(dispatched)) == 3
     report = verify_home(home, {"BRAID_HOME": str(home)})
