@@ -303,6 +303,8 @@ COMMANDS: Mapping[str, Command] = {
     "focus_run": Command(_runs.RunParams, _runs.focus_run),
     "set_run_override": Command(_runs.OverrideParams, _runs.set_run_override),
     "list_workers": Command(_runs.RunParams, _runs.list_workers),
+    "steer_worker": Command(_runs.SteerWorkerParams, _runs.steer_worker),
+    "cancel_worker": Command(_runs.CancelWorkerParams, _runs.cancel_worker),
 }
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
+import trio
 
 from braid_actors import graph
 from braid_actors.app._views import branch_view, run_record
 from braid_actors.app._wire import to_wire
-from braid_actors.errors import BadRequest, NotFound, UnknownTurn
+from braid_actors.errors import BadRequest, IllegalTransition, NotFound, UnknownTurn
+from braid_actors.journal import Operation, event_to_record
 from braid_actors.model import (
     BranchFocused,
     Limits,
@@ -19,9 +21,20 @@ from braid_actors.model import (
     RunFinished,
     RunOverrides,
     TurnRunSelected,
+    WorkerControl,
+    WorkerControlled,
+    WorkerStatus,
+    digest,
 )
+from braid_actors.workers import ControlResult, ProcessInfo
+from braid_actors.workers import kill as kill_process
+from braid_actors.workers import pause as pause_process
+from braid_actors.workers import resume as resume_process
+from braid_actors.workers import stop as stop_process
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from braid_actors.app._service import BraidApp
 
 # ---- params ----------------------------------------------------------------------------
@@ -206,3 +219,106 @@ async def list_workers(app: BraidApp, p: RunParams) -> dict[str, Any]:
         "childrenComplete": run.children_complete,
         "workers": [worker_view(app, w) for w in run.worker_ids],
     }
+
+
+@attrs.frozen
+class SteerWorkerParams:
+    worker_id: str
+    action: Literal["pause", "resume"]
+    operation_id: str | None = None
+
+
+@attrs.frozen
+class CancelWorkerParams:
+    worker_id: str
+    force: bool = False
+    operation_id: str | None = None
+
+
+_STATUS_AFTER: dict[str, WorkerStatus] = {
+    "paused": "paused",
+    "resumed": "running",
+    "gone": "lost",
+    "exited": "exited",
+    "cooperative": "exited",
+    "terminated": "killed",
+    "killed": "killed",
+}
+
+
+async def _control(
+    app: BraidApp,
+    command: str,
+    p: Any,
+    apply: Callable[[ProcessInfo], Awaitable[ControlResult]],
+    action: str,
+) -> dict[str, Any]:
+    """Journal the control's intent, apply it to the process, journal its result."""
+    op_id = p.operation_id or app.ids("op")
+    params = _canonical(p)
+    params_digest = digest({"command": command, "params": params})
+    if await app.journal.recorded(op_id, params_digest) is not None:
+        return worker_view(app, p.worker_id)
+    worker = app.state.workers.get(p.worker_id)
+    if worker is None:
+        raise NotFound(f"no worker {p.worker_id}", details={"workerId": p.worker_id})
+    if (
+        worker.pid is None
+        or worker.create_time is None
+        or worker.status
+        in (
+            "exited",
+            "killed",
+            "lost",
+        )
+    ):
+        raise IllegalTransition(
+            f"worker {worker.worker_id} is {worker.status} and can't be controlled",
+            details={"workerId": worker.worker_id, "status": worker.status},
+        )
+    run = app.run(worker.run_id)
+    await app.commit(
+        WorkerControlled(
+            run.conversation_id,
+            run.run_id,
+            worker.worker_id,
+            WorkerControl(action, app.clock(), "requested"),
+            worker.status,
+            op_id,
+            app.clock(),
+        )
+    )
+    info = ProcessInfo(worker.pid, worker.create_time, worker.pgid or worker.pid, worker.command)
+    result = await apply(info)
+    status = _STATUS_AFTER.get(result.result, worker.status)
+    event = WorkerControlled(
+        run.conversation_id,
+        run.run_id,
+        worker.worker_id,
+        result.record(),
+        status,
+        op_id,
+        app.clock(),
+    )
+    await app.journal.append(
+        [event_to_record(event)],
+        Operation(op_id, command, params_digest, {"workerId": worker.worker_id}),
+    )
+    return worker_view(app, worker.worker_id)
+
+
+async def steer_worker(app: BraidApp, p: SteerWorkerParams) -> dict[str, Any]:
+    """Pause (SIGSTOP) or resume (SIGCONT) a worker's process group."""
+    apply = pause_process if p.action == "pause" else resume_process
+    return await _control(app, "steer_worker", p, apply, p.action)
+
+
+async def cancel_worker(app: BraidApp, p: CancelWorkerParams) -> dict[str, Any]:
+    """Stop a worker through the ladder (SIGTERM, bounded wait, SIGKILL), or kill it now."""
+
+    async def apply(info: ProcessInfo) -> ControlResult:
+        with trio.CancelScope(shield=True):
+            result = await (kill_process(info) if p.force else stop_process(info))
+        return result
+
+    return await _control(app, "cancel_worker", p, apply, "kill" if p.force else "stop")

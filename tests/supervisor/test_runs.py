@@ -236,3 +236,64 @@ async def test_spend_limit_stops_the_run(
     types = _run_record_types(app, sent["runId"])
     tail = types[types.index("run.finished") - 1 :]
     assert set(tail) <= {"worker.exited", "run.finished", "worker.observed", "run.usage_reported"}
+
+
+async def _root_worker(app: BraidApp, run_id: str) -> str:
+    with trio.fail_after(30):
+        while not app.run(run_id).worker_ids:
+            await app.changed()
+    return app.run(run_id).worker_ids[0]
+
+
+async def test_steer_worker_pauses_and_resumes_its_process(braid: tuple[BraidApp, Path]) -> None:
+    """pause really stops the worker's process (SIGSTOP) and resume lets it finish."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 2"})
+    worker_id = await _root_worker(app, sent["runId"])
+    paused = await call(app, "steer_worker", {"workerId": worker_id, "action": "pause"})
+    assert paused["status"] == "paused"
+    assert [c["result"] for c in paused["controlHistory"]] == ["requested", "paused"]
+    assert psutil.Process(paused["pid"]).status() == psutil.STATUS_STOPPED
+    resumed = await call(
+        app,
+        "steer_worker",
+        {
+            "workerId": worker_id,
+            "action": "resume",
+            "operationId": "op-r1",
+        },
+    )
+    assert resumed["status"] == "running"
+    assert psutil.Process(resumed["pid"]).status() != psutil.STATUS_STOPPED
+    again = await call(
+        app,
+        "steer_worker",
+        {
+            "workerId": worker_id,
+            "action": "resume",
+            "operationId": "op-r1",
+        },
+    )
+    assert len(again["controlHistory"]) == 4  # the retried operation did nothing new
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["state"] == "succeeded"
+
+
+async def test_cancel_worker_force_kills_it_and_the_run_says_so(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """cancel_worker with force kills the process at once; the run fails with the reason."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
+    worker_id = await _root_worker(app, sent["runId"])
+    killed = await call(app, "cancel_worker", {"workerId": worker_id, "force": True})
+    assert killed["status"] == "killed"
+    assert _gone(killed["pid"])
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["state"] == "failed"
+    assert "worker" in final["outcome"]["reason"]
+    with pytest.raises(BraidError) as refused:
+        await call(app, "steer_worker", {"workerId": worker_id, "action": "pause"})
+    assert refused.value.code == "illegal_transition"
