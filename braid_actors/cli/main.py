@@ -81,6 +81,8 @@ async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> 
 
     sock = None if in_process else await connect(home)
     if sock is not None:
+        if max_active is not None:
+            print("braid: the running daemon's admission limit applies", file=sys.stderr)
         await run_client(sock)
         return
     async with trio.open_nursery() as nursery:

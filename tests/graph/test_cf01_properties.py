@@ -33,13 +33,19 @@ from braid_actors.model import (
     Interaction,
     Outcome,
     OutcomeKind,
+    RunCancelRequested,
     RunFinished,
     RunInteractionAnswered,
     RunInteractionRequested,
     RunPartUpdated,
+    RunWorkerStarted,
     TerminalState,
     TextPart,
+    TurnRunSelected,
     Usage,
+    Worker,
+    WorkerExited,
+    WorkerSpawned,
     converter,
 )
 
@@ -56,6 +62,7 @@ OPS = (
     + ("branch",) * 3
     + ("clone",) * 1
     + ("bind_env",) * 1
+    + ("cancel_req", "retry", "select", "worker_start", "worker_child", "worker_exit")
     + ("forge_terminal", "forge_cycle", "forge_boundary", "forge_cross_workspace")
 )
 WORKSPACES = ("/w/alpha", "/w/beta")
@@ -232,6 +239,76 @@ def step(world: World, op: str, n: int, m: int) -> None:
             ws = s.conversations[br.conversation_id].workspace
             env = Environment(world.ids("env"), "local_directory", ws)
             world.accept(EnvironmentBound(br.conversation_id, b, env, None, world.now()))
+    elif op == "cancel_req":
+        if (r := _run_in(world, {"admitted", "running", "blocked"}, n)) is not None:
+            world.accept(
+                RunCancelRequested(s.runs[r].conversation_id, r, "user", op_id, world.now())
+            )
+    elif op == "retry":
+        finished = [
+            t.turn_id
+            for t in s.turns.values()
+            if all(s.runs[x].state in TERMINAL_RUN_STATES for x in t.run_ids)
+        ]
+        if (t := world.pick(finished, n)) is not None:
+            world.accept(
+                graph.retry(
+                    s,
+                    turn_id=t,
+                    session="fresh" if m % 2 else "reuse",
+                    runner=None,
+                    model=None,
+                    operation_id=op_id,
+                    at=world.now(),
+                    ids=world.ids,
+                )
+            )
+    elif op == "select":
+        done = [r.run_id for r in s.runs.values() if r.state in TERMINAL_RUN_STATES]
+        if (r := world.pick(done, n)) is not None:
+            run = s.runs[r]
+            world.accept(TurnRunSelected(run.conversation_id, run.turn_id, r, world.now()))
+    elif op == "worker_start":
+        live = [
+            r.run_id
+            for r in s.runs.values()
+            if r.state in ("running", "blocked") and not r.worker_ids
+        ]
+        if (r := world.pick(live, n)) is not None:
+            worker = Worker(world.ids("wrk"), r, "running", pid=1000 + m, create_time=float(m))
+            edge = graph.make_edge(world.ids, "spawned", r, worker.worker_id, op_id, world.now())
+            world.accept(RunWorkerStarted(s.runs[r].conversation_id, r, worker, edge, world.now()))
+    elif op == "worker_child":
+        live = [
+            r.run_id for r in s.runs.values() if r.state in ("running", "blocked") and r.worker_ids
+        ]
+        if (r := world.pick(live, n)) is not None:
+            run = s.runs[r]
+            parent = run.worker_ids[m % len(run.worker_ids)]
+            child = Worker(world.ids("wrk"), r, "running", parent_worker_id=parent, pid=m)
+            edge = graph.make_edge(
+                world.ids, "spawned", parent, child.worker_id, op_id, world.now()
+            )
+            world.accept(
+                WorkerSpawned(
+                    run.conversation_id, r, child, edge, f"proc:{child.worker_id}", world.now()
+                )
+            )
+    elif op == "worker_exit":
+        running = [
+            (r.run_id, w)
+            for r in s.runs.values()
+            if r.state in ("running", "blocked")
+            for w in r.worker_ids
+            if s.workers[w].status == "running"
+        ]
+        if running:
+            r, w = running[n % len(running)]
+            world.accept(
+                WorkerExited(
+                    s.runs[r].conversation_id, r, w, "exited", 0, None, f"exit:{w}", world.now()
+                )
+            )
     elif op == "forge_terminal":
         if world.frozen_runs:
             r = world.pick(list(world.frozen_runs), n)
@@ -339,6 +416,16 @@ def check_invariants(world: World) -> None:
         if b.environment_id is not None:
             env = s.environments[b.environment_id]
             assert env.workspace == s.conversations[b.conversation_id].workspace
+    # Workers belong to their run; a run's spawned edges form a tree rooted at the run.
+    for run in s.runs.values():
+        for w in run.worker_ids:
+            assert s.workers[w].run_id == run.run_id
+        assert len(run.source_event_ids) == len(set(run.source_event_ids))
+    # Every turn shows at most one reply on its branch.
+    for b in s.branches.values():
+        shown = [s.messages[m].source_run_id for m in graph.history(s, b.branch_id)]
+        turns = [s.runs[r].turn_id for r in shown if r is not None]
+        assert len(turns) == len(set(turns))
     # One active run per branch, queue positions 1..n.
     for branch_id, queue in s.queues.items():
         assert [s.turns[s.runs[r].turn_id].queue_position for r in queue] == list(

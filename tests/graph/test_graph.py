@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -437,3 +438,86 @@ def test_resumed_label_requires_continued_session() -> None:
     assert caught.value.code == "integrity_violation"
     graph.apply(g.s, RunSessionReported(conv, run_id, "sess_1", False, "/x.jsonl", g.at()))
     assert g.s.runs[run_id].provider_session_id == "sess_1"
+
+
+def test_child_observations_dedupe_and_freeze_at_the_limit() -> None:
+    """Children dedupe by source identity; past 512 the history freezes, marked incomplete."""
+    from braid_actors.model import MAX_RUN_CHILDREN, Worker, WorkerExited, WorkerSpawned
+
+    g = G()
+    conv, run_id, root = _running_run_with_root_fresh(g)
+
+    def spawn(n: int) -> WorkerSpawned:
+        child = Worker(f"wrk_c{n}", run_id, "running", parent_worker_id=root, pid=100 + n)
+        edge = graph.make_edge(g.ids, "spawned", root, child.worker_id, "op", g.at())
+        return WorkerSpawned(conv, run_id, child, edge, f"proc:{100 + n}:1.00:start", g.at())
+
+    graph.apply(g.s, spawn(0))
+    with pytest.raises(BraidError) as dup:
+        graph.apply(g.s, attrs_evolve_worker(spawn(0), "wrk_other"))
+    assert dup.value.code == "duplicate_identifier"
+    for n in range(1, MAX_RUN_CHILDREN):
+        graph.apply(g.s, spawn(n))
+    run = g.s.runs[run_id]
+    assert run.children_complete
+    assert len(run.worker_ids) == MAX_RUN_CHILDREN + 1
+    graph.apply(g.s, spawn(MAX_RUN_CHILDREN))  # the 513th child
+    run = g.s.runs[run_id]
+    assert not run.children_complete
+    assert len(run.worker_ids) == MAX_RUN_CHILDREN + 1
+    before = graph.checksum(g.s)
+    graph.apply(g.s, spawn(MAX_RUN_CHILDREN + 1))  # frozen: nothing more is recorded
+    assert len(g.s.runs[run_id].worker_ids) == MAX_RUN_CHILDREN + 1
+    assert before != graph.checksum(g.s)  # only the run's event count moved
+    # A frozen child history keeps each child's last observed status.
+    graph.apply(g.s, WorkerExited(conv, run_id, "wrk_c1", "exited", 0, None, "x:1", g.at()))
+    assert g.s.workers["wrk_c1"].status == "running"
+    # The root worker still records its own end.
+    graph.apply(g.s, WorkerExited(conv, run_id, root, "exited", 0, None, "x:root", g.at()))
+    assert g.s.workers[root].status == "exited"
+
+
+def attrs_evolve_worker(ev: Any, worker_id: str) -> Any:
+    import attrs
+
+    return attrs.evolve(ev, worker=attrs.evolve(ev.worker, worker_id=worker_id))
+
+
+def test_children_are_distinct_across_runs() -> None:
+    """The same child identity on two runs is two observations, one per run."""
+    from braid_actors.model import Worker, WorkerSpawned
+
+    g = G()
+    ids = []
+    for _ in range(2):
+        conv, run_id, root = _running_run_with_root_fresh(g)
+        child = Worker(f"wrk_{run_id}_c", run_id, "running", parent_worker_id=root, pid=5)
+        edge = graph.make_edge(g.ids, "spawned", root, child.worker_id, "op", g.at())
+        graph.apply(g.s, WorkerSpawned(conv, run_id, child, edge, "proc:5:1.00:start", g.at()))
+        ids.append(run_id)
+    assert all(g.s.runs[r].source_event_ids == ("proc:5:1.00:start",) for r in ids)
+
+
+def _running_run_with_root_fresh(g: G) -> tuple[str, str, str]:
+    from braid_actors.model import RunWorkerStarted, Worker
+
+    b0 = g.conversation(workspace=f"/w/{len(g.s.conversations)}")
+    _, run_id = g.turn(b0, "one", finish=False)
+    for adm in graph.next_admissions(g.s, at=g.at()):
+        graph.apply(g.s, adm)
+    graph.apply(
+        g.s,
+        graph.dispatch(
+            g.s,
+            run_id=run_id,
+            receipt="sha256:" + "8" * 64,
+            session_mode="new",
+            at=g.at(),
+            ids=g.ids,
+        ),
+    )
+    root = Worker(f"wrk_root_{run_id}", run_id, "running", pid=10, create_time=1.0)
+    edge = graph.make_edge(g.ids, "spawned", run_id, root.worker_id, "op", g.at())
+    conv = g.s.runs[run_id].conversation_id
+    graph.apply(g.s, RunWorkerStarted(conv, run_id, root, edge, g.at()))
+    return conv, run_id, root.worker_id
