@@ -211,6 +211,12 @@ class LocalProvider:
             with trio.CancelScope(shield=True):
                 await turn.cancel_worker()
             raise
+        # Not our child: nothing reaps it for us, so see it gone (or stop it) before
+        # reporting the end, exactly as a live turn's worker is gone by then.
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self.timeouts.exit_grace):
+                await source.wait()
+            await source.stop()
         return result, turn.saw_done
 
     async def prove_session(self, session_id: str) -> SessionProof:

@@ -3,8 +3,9 @@
 Design note. The *tree* of a root process is the root plus every process ever seen as a
 child of a tree member, for as long as that process lives: a member stays a member when it
 is re-parented (its parent exited, or it double-forked after being seen), so the stragglers
-of an exited root are still watched. A process is named by :class:`ProcessKey`
-``(pid, create_time)``; a reused pid is a different process.
+of an exited root are still watched. A process re-parented away before it was first
+sampled (a daemon that double-forks between two samples) is never seen. A process is named
+by :class:`ProcessKey` ``(pid, create_time)``; a reused pid is a different process.
 
 :class:`TreeObserver` is the synchronous core: each :meth:`~TreeObserver.sample` reads every
 member once (under ``psutil.Process.oneshot``), finds new children from one pass over the

@@ -9,8 +9,12 @@ behind. The ladder is
 1. *cooperative*: an optional caller-provided coroutine (for a provider: send ``cancel``
    and read until the worker says it is done), then a wait for the process to exit, all
    bounded by ``move_on_after(grace)``;
-2. ``SIGTERM`` to the whole process group, bounded wait;
+2. ``SIGTERM`` to the whole process group (and ``SIGCONT``, so a paused worker gets it),
+   bounded wait;
 3. ``SIGKILL`` to the whole process group, bounded wait.
+
+The steps live in :func:`climb_ladder`, which the controls (``_controls.py``) also run over
+psutil for a worker this process did not spawn.
 
 Escalating past step 1 records a :class:`~braid_actors.errors.WorkerStopTimeout` in the
 :class:`StopReport`; a group that survives step 3 raises it. After the leader is gone the

@@ -64,10 +64,11 @@ async def _start_headless(home: Path) -> Headless:
 
 
 async def _until(client: Headless, run_id: str, state: str) -> dict[str, Any]:
+    """Wait for ``state`` with the turn really begun (the worker reported its session)."""
     with trio.fail_after(30):
         while True:
             record = await client.ask("wait_run", {"runId": run_id, "timeoutS": 0.2})
-            if record["state"] == state:
+            if record["state"] == state and record["providerSessionId"] is not None:
                 return record
 
 
