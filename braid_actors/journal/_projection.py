@@ -37,11 +37,29 @@ APP_RECORD_TYPES: frozenset[str] = frozenset(
 """Journal records that are not graph events but are part of the durable history."""
 
 
+class _EventData(dict[str, Any]):
+    """A record payload that remembers the event it was made from.
+
+    The journal hands the very same mapping to ``admit`` and ``committed``, so the typed
+    event is folded twice without being structured back from JSON twice (the hot path).
+    """
+
+    __slots__ = ("event",)
+    event: Event
+
+
 def event_to_record(event: Event) -> NewRecord:
     """The journal form of a graph event: its stream, type and canonical fields."""
-    data = converter().unstructure(event)
+    data = _EventData(converter().unstructure(event))
     del data["type"]
+    data.event = event
     return NewRecord(stream=event.stream, type=event.type, data=data)
+
+
+def _event_of(record_type: str, data: Mapping[str, Any]) -> Event:
+    if isinstance(data, _EventData):
+        return data.event
+    return record_to_event(record_type, data)
 
 
 def record_to_event(record_type: str, data: Mapping[str, Any]) -> Event:
@@ -105,12 +123,12 @@ class GraphAdmission:
         if len(graph_records) > 1:
             raise BadRequest("an append carries at most one graph event")
         for record in graph_records:
-            graph.apply(self._write, record_to_event(record.type, record.data))
+            graph.apply(self._write, _event_of(record.type, record.data))
 
     def committed(self, records: Sequence[CommittedRecord]) -> None:
         for record in records:
             if is_graph_record(record.type):
-                graph.apply(self.read, record_to_event(record.type, record.data), record.seq)
+                graph.apply(self.read, _event_of(record.type, record.data), record.seq)
             self.seq = record.seq
         for listener in list(self.listeners):
             listener(records)

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from braid_actors.workers import TreeSample
 
 DEFAULT_WALL_SECONDS = 3600.0
+RESUME_GRACE = 5.0
 PROOF_DEADLINE = 10.0
 
 _ENDINGS: dict[str, tuple[TerminalState, OutcomeKind]] = {
@@ -309,6 +310,9 @@ class RunActor:
         started = self._run().started_at
         if started is not None:
             budget = max(0.0, budget - (self.sup.clock() - started).total_seconds())
+        if resumed:
+            # What a worker spooled while Braid was down is read whatever the clock says.
+            budget = max(budget, RESUME_GRACE)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if resumed:

@@ -71,6 +71,9 @@ INPUT_MAX_LINE: Final = 64 * 1024 * 1024
 """Longest line Braid may send (a ``start`` carries the whole portable context)."""
 _SLEEP_RE: Final = re.compile(r"\?sleep\s+([0-9]+(?:\.[0-9]+)?)")
 _BURN_RE: Final = re.compile(r"\?burn\s+([0-9]+(?:\.[0-9]+)?)")
+_STREAM_RE: Final = re.compile(r"\?stream\s+([0-9]+(?:\.[0-9]+)?)\s+([0-9]+(?:\.[0-9]+)?)")
+MAX_STREAM_RATE: Final = 100.0
+"""Most part updates per second one ``?stream`` line may send."""
 _ALLOC_RE: Final = re.compile(r"\?alloc\s+([0-9]+)")
 CONTROL_POLL: Final = 0.1
 """How often a detached worker looks at its control file (seconds)."""
@@ -365,6 +368,12 @@ class Turn:
                 return "failed", "failed_by_request: the input asked the local runner to fail"
             elif sleep is not None and float(sleep.group(1)) <= MAX_SLEEP:
                 await self._sleep(float(sleep.group(1)))
+            elif (
+                (stream := _STREAM_RE.fullmatch(line))
+                and float(stream.group(1)) <= MAX_SLEEP
+                and 0 < float(stream.group(2)) <= MAX_STREAM_RATE
+            ):
+                await self._stream_for(float(stream.group(1)), float(stream.group(2)))
             elif (burn := _BURN_RE.fullmatch(line)) and float(burn.group(1)) <= MAX_BURN:
                 await self._burn(float(burn.group(1)))
             elif (alloc := _ALLOC_RE.fullmatch(line)) and int(alloc.group(1)) <= MAX_ALLOC_MB:
@@ -400,6 +409,17 @@ class Turn:
             text += "."
             await self._emit(TextPart(part_id=part_id, text=text))
         await self._emit(TextPart(part_id=part_id, text=text + " done."))
+
+    async def _stream_for(self, seconds: float, rate: float) -> None:
+        """Send ``rate`` updates of one growing text part per second for ``seconds``."""
+        part_id = f"part_{self._stem}_{self._next_index():03d}"
+        count = max(1, int(seconds * rate))
+        start = trio.current_time()
+        text = "Streaming"
+        for n in range(1, count + 1):
+            await trio.sleep_until(start + n / rate)
+            text += "."
+            await self._emit(TextPart(part_id=part_id, text=text))
 
     async def _burn(self, cpu_seconds: float) -> None:
         """Really use ``cpu_seconds`` of CPU (busy work), staying responsive to cancel."""

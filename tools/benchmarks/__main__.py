@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module in this package, one-line description)
     "journal": ("journal", "journal actor throughput and ack latency against raw SQLite"),
+    "runs": ("runs", "concurrent real runs through the supervisor; restart reconciliation"),
 }
 
 
