@@ -43,6 +43,19 @@ EVENT_TYPES = frozenset({"session", "part", "interaction", "usage"})
 """Spool message types that become journal events (what ``skip`` counts)."""
 
 
+def spool_began(path: Path) -> bool:
+    """True when a spool holds a ``session`` or ``done`` line: the turn really began.
+
+    Every line is compact JSON (``encode_message``) and a part's text can't contain an
+    unescaped ``"type":"session"``, so a byte search is exact without decoding every line.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    return b'"type":"session"' in raw or b'"type":"done"' in raw
+
+
 def read_spool(path: Path) -> list[dict[str, Any]]:
     """Every complete line of a spool, decoded (a torn last line is ignored)."""
     try:
@@ -69,16 +82,21 @@ class SpoolSource:
     def _alive(self) -> bool:
         return recognise(self.info.pid, self.info.create_time, self.info.pgid)
 
+    def buffered(self) -> dict[str, Any] | None:
+        """A message already read from the spool, without waiting (replay is not timed)."""
+        while (nl := self._buffer.find(b"\n")) >= 0:
+            line, self._buffer = self._buffer[:nl], self._buffer[nl + 1 :]
+            self._lines += 1
+            if line:
+                return decode_message(line, number=self._lines)
+        return None
+
     async def receive(self) -> dict[str, Any] | None:
         """The next spool message; waits for more while the worker runs."""
         while True:
-            nl = self._buffer.find(b"\n")
-            if nl >= 0:
-                line, self._buffer = self._buffer[:nl], self._buffer[nl + 1 :]
-                self._lines += 1
-                if line:
-                    return decode_message(line, number=self._lines)
-                continue
+            ready = self.buffered()
+            if ready is not None:
+                return ready
             chunk = await trio.to_thread.run_sync(self._read_more)
             if chunk:
                 self._buffer += chunk
@@ -149,6 +167,13 @@ class QuietSink:
     def _quiet(self) -> bool:
         self._seen += 1
         return self._seen <= self.skip
+
+    def skip_part(self) -> bool:
+        """Consume one quiet slot for a part update the journal already holds."""
+        if self._seen < self.skip:
+            self._seen += 1
+            return True
+        return False
 
     async def worker_started(self, worker: WorkerInfo) -> None:
         return None  # recorded by the supervisor that started it

@@ -25,7 +25,7 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
-from braid_actors.providers._local_spool import QuietSink, SpoolSource, read_spool
+from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._port import (
     Capabilities,
     InteractionAnswer,
@@ -165,10 +165,7 @@ class LocalProvider:
 
     def spool_started(self, run_id: str) -> bool:
         """True when the run's worker got as far as its session (the turn really began)."""
-        return any(
-            m.get("type") in ("session", "done")
-            for m in read_spool(spool_path(self.spools, run_id))
-        )
+        return spool_began(spool_path(self.spools, run_id))
 
     async def reattach(
         self,
@@ -365,6 +362,13 @@ class _Turn:
                 return await self._ended_early()
             if message["type"] == "hello" and isinstance(self.worker, SpoolSource):
                 continue  # a replayed spool starts with the worker's hello
+            if (
+                message["type"] == "part"
+                and isinstance(self.sink, QuietSink)
+                and self.session is not None
+                and self.sink.skip_part()
+            ):
+                continue  # already journaled: nothing to decode or report
             result = await self._handle(message)
             if result is not None:
                 return result
@@ -379,6 +383,8 @@ class _Turn:
             return self._failed(str(silent))
 
     async def _receive(self, seconds: float) -> dict[str, Any] | None:
+        if isinstance(self.worker, SpoolSource) and (ready := self.worker.buffered()):
+            return ready
         try:
             with trio.fail_after(seconds):
                 return await self.worker.receive()
