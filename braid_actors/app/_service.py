@@ -192,6 +192,7 @@ async def open_app(
                 admission_limit=admission_limit,
                 default_limits=default_limits,
                 observe_interval=observe_interval,
+                artifacts_dir=home / "artifacts",
                 ids=new_id,
             )
             app = BraidApp(

@@ -151,9 +151,21 @@ class _Finder:
             "ORDER BY (kind = 'configuration') DESC, sequence, ordinal LIMIT 1",
             (source["pk"],),
         ).fetchone()
-        if row is None:
+        if row is not None:
+            return _evidence(source["run_id"], source["id"], row, basis)
+        # No entry was kept (e.g. only retained history under basic): the coverage report
+        # that recorded the source is the evidence.
+        report = self.conn.execute(
+            "SELECT body FROM coverage WHERE source_id=? ORDER BY pk DESC LIMIT 1", (source["id"],)
+        ).fetchone()
+        if report is None:
             return None
-        return _evidence(source["run_id"], source["id"], row, basis)
+        return {
+            "run_id": source["run_id"],
+            "source_id": source["id"],
+            "object_hash": json.loads(report["body"])["object_hash"],
+            "basis": basis,
+        }
 
     # ---- relations -------------------------------------------------------------------
 

@@ -134,6 +134,8 @@ class TurnResult:
     session_boundary: str | None = None
     """Last Braid message id the native session now contains (its boundary proof)."""
     session_digest: str | None = None
+    worker_log: str | None = None
+    """The bounded tail of the worker's stderr (null when the provider keeps none)."""
     cancel_acknowledged: bool | None = None
     """After a cancel request: true when the runner confirmed it stopped, false when it did
     not answer in time (its process was then stopped by force); null without a request."""

@@ -157,11 +157,13 @@ class LocalProvider:
                 timeouts=timeouts, worker=worker, request=request, sink=sink, control=control
             )
             try:
-                return await turn.run()
+                result = await turn.run()
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
                     await turn.cancel_worker()
                 raise
+        # The worker's stderr, bounded: kept with the run as its log artifact.
+        return attrs.evolve(result, worker_log=worker.log.text() or None)
 
     def spool_started(self, run_id: str) -> bool:
         """True when the run's worker got as far as its session (the turn really began)."""

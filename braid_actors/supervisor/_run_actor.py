@@ -359,7 +359,7 @@ class RunActor:
             return
         if self.control.cancel_requested.is_set() and result.outcome != "completed":
             if result.cancel_acknowledged:
-                await self._record_worker_exits("exited")
+                await self._record_worker_exits("exited", result.worker_log)
                 await self.finish(
                     "cancelled",
                     Outcome("cancelled", self.control.reason),
@@ -367,7 +367,7 @@ class RunActor:
                     result.cost_usd,
                 )
             else:
-                await self._record_worker_exits("killed")
+                await self._record_worker_exits("killed", result.worker_log)
                 await self.finish(
                     "unknown",
                     Outcome(
@@ -379,7 +379,7 @@ class RunActor:
                     result.cost_usd,
                 )
             return
-        await self._record_worker_exits("exited")
+        await self._record_worker_exits("exited", result.worker_log)
         branch = self.state.branches[self._run().branch_id]
         binding = branch.binding
         if result.session_id is not None and result.outcome == "completed":
@@ -505,10 +505,12 @@ class RunActor:
             self.sink.close()
             self._stop.cancel()
 
-    async def _record_worker_exits(self, how: WorkerStatus) -> None:
-        """Every worker of the run still recorded as live is gone now: say so."""
+    async def _record_worker_exits(self, how: WorkerStatus, log: str | None = None) -> None:
+        """Every worker of the run still recorded as live is gone now: say so (the root
+        worker's bounded, redacted stderr is kept as its log artifact)."""
         run = self._run()
         at = self.sup.clock()
+        log_ref = await self.sup.keep_log(log) if log else None
         for worker_id in run.worker_ids:
             worker = self.state.workers[worker_id]
             if worker.status in ("exited", "killed", "lost"):
@@ -521,7 +523,7 @@ class RunActor:
                     worker_id,
                     status,
                     None,
-                    None,
+                    log_ref if worker.parent_worker_id is None else None,
                     f"proc:{worker.pid}:{worker.create_time or 0:.2f}:end",
                     at,
                 )

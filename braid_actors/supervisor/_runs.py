@@ -10,6 +10,7 @@ is never restarted: it ends in a truthful terminal state and may be retried expl
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ import trio
 from braid_actors import graph
 from braid_actors._faults import crash_point
 from braid_actors.errors import BraidError, InteractionNotPending, UnknownInteraction
+from braid_actors.evidence import Redactor
 from braid_actors.journal import Operation, event_to_record
 from braid_actors.model import (
     TERMINAL_WORKER_STATES,
@@ -31,6 +33,7 @@ from braid_actors.model import (
     RunInteractionAnswered,
     TerminalState,
     Usage,
+    digest_bytes,
 )
 from braid_actors.providers import InteractionAnswer, Provider
 from braid_actors.supervisor._run_actor import RunActor
@@ -38,6 +41,8 @@ from braid_actors.workers import adopt, find_local_workers
 from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from braid_actors.journal import GraphAdmission, JournalHandle
     from braid_actors.supervisor._sink import PendingInteraction
 
@@ -71,6 +76,7 @@ class RunsSupervisor:
         admission_limit: int | None = None,
         default_limits: Limits | None = None,
         observe_interval: float = DEFAULT_OBSERVE_INTERVAL,
+        artifacts_dir: Path | None = None,
         ids: IdSource,
         clock: Clock = utc_now,
     ) -> None:
@@ -80,6 +86,8 @@ class RunsSupervisor:
         self.admission_limit = admission_limit
         self.default_limits = default_limits or Limits()
         self.observe_interval = observe_interval
+        self.artifacts_dir = artifacts_dir
+        self._redactor = Redactor.create()
         self.ids = ids
         self.clock = clock
         self.pending: dict[str, PendingInteraction] = {}
@@ -100,6 +108,29 @@ class RunsSupervisor:
             with trio.fail_after(RECORD_DEADLINE):
                 seq = await commit(self.journal, event)
         return seq
+
+    async def keep_log(self, text: str) -> str | None:
+        """Keep a worker's bounded stderr as a content-addressed artifact; its ``sha256:``.
+
+        Redacted first (credentials and tokens never reach a log artifact), then written
+        as ``<artifacts>/logs/<hex>.log`` with mode 0600. Null when there is nowhere to
+        keep it.
+        """
+        if self.artifacts_dir is None:
+            return None
+        clean = self._redactor.clean(text).encode("utf-8")
+        ref = digest_bytes(clean)
+        path = self.artifacts_dir / "logs" / f"{ref.removeprefix('sha256:')}.log"
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(clean)
+
+        await trio.to_thread.run_sync(write)
+        return ref
 
     async def record_quietly(self, event: Event) -> bool:
         """Commit an observation the graph may refuse (a duplicate, a frozen history)."""

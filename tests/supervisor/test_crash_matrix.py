@@ -1,6 +1,6 @@
 """Crash matrix: SIGKILL Braid at every durable boundary, restart, and check the record.
 
-For each crash point a real Braid process (``BRAID_CRASH_AT=<point>``) runs a scripted
+For each crash point a real `braid serve` daemon (``BRAID_CRASH_AT=<point>``) runs a scripted
 session — a permission-gated tool turn, a plain turn, a cancelled turn, a drain shutdown —
 and kills itself with SIGKILL at that point. A fresh Braid on the same home then runs the
 same script again with the same operation ids (what a client that lost its connection
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from braid_actors.cli.verify import verify_home
 from braid_actors.errors import BraidError
 from braid_actors.journal import Journal, load_or_create_key
 from braid_actors.workers import find_local_workers
+from tests.cli._daemon import clean_env
 
 Ask = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -93,30 +95,27 @@ async def script(ask: Ask, workspace: Path, acked: list[dict[str, Any]]) -> None
     await ask("shutdown", {"drain": True})
 
 
-class Headless:
-    """A `braid headless` subprocess; :class:`Died` once it is gone."""
+class SocketClient:
+    """A JSONL client on the daemon's socket; :class:`Died` once the daemon is gone."""
 
-    def __init__(self, proc: trio.Process) -> None:
-        self.proc = proc
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
         self._buf = b""
         self._n = 0
 
     async def ask(self, command: str, params: dict[str, Any]) -> dict[str, Any]:
         self._n += 1
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
+        body = json.dumps({"id": self._n, "command": command, "params": params}) + "\n"
         try:
-            await self.proc.stdin.send_all(
-                (json.dumps({"id": self._n, "command": command, "params": params}) + "\n").encode()
-            )
+            await self.stream.send_all(body.encode())
+            with trio.fail_after(60):
+                while b"\n" not in self._buf:
+                    chunk = await self.stream.receive_some(65536)
+                    if not chunk:
+                        raise Died
+                    self._buf += chunk
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise Died from None
-        with trio.fail_after(60):
-            while b"\n" not in self._buf:
-                chunk = await self.proc.stdout.receive_some(65536)
-                if not chunk:
-                    raise Died
-                self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         reply: dict[str, Any] = json.loads(line)
         if not reply["ok"]:
@@ -124,6 +123,24 @@ class Headless:
             raise _as_error(error["code"], error["message"])
         result: dict[str, Any] = reply["result"]
         return result
+
+
+async def _serve(home: Path, env: dict[str, str]) -> tuple[trio.Process, SocketClient]:
+    """Start `braid serve`, wait for its ready line, connect to its socket."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "braid_actors.cli.main", "--home", str(home), "serve"],
+        stdout=-1,
+        env=env,
+    )
+    assert proc.stdout is not None
+    ready = b""
+    with trio.fail_after(30):
+        while b"serving on" not in ready:
+            chunk = await proc.stdout.receive_some(4096)
+            assert chunk, "braid serve exited before it was ready"
+            ready += chunk
+    stream = await trio.open_unix_socket(str(home / "braid.sock"))
+    return proc, SocketClient(stream)
 
 
 def _as_error(code: str, message: str) -> BraidError:
@@ -142,17 +159,18 @@ def _as_error(code: str, message: str) -> BraidError:
 )
 async def test_crash_at_each_durable_boundary(tmp_path: Path, point: str) -> None:
     """Kill at the point, restart, rerun: nothing lost, nothing twice, all truthful."""
-    home, workspace = tmp_path / "home", tmp_path / "ws"
+    # A short home: the daemon's socket path must fit in 107 bytes.
+    home = Path(tempfile.mkdtemp(prefix="bcm", dir="/tmp")) / "h"
+    workspace = tmp_path / "ws"
     workspace.mkdir()
-    env = {**os.environ, "BRAID_HOME": str(home), "BRAID_CRASH_AT": point}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "braid_actors.cli.main", "headless"], stdin=-1, stdout=-1, env=env
-    )
-    first = Headless(proc)
+    env = {**clean_env(), "BRAID_CRASH_AT": point}
+    proc, client = await _serve(home, env)
     acked: list[dict[str, Any]] = []
-    with pytest.raises(Died):
-        await script(first.ask, workspace, acked)
-    assert await proc.wait() == -9, "the process must have died by SIGKILL at the point"
+    async with client.stream:
+        with pytest.raises(Died):
+            await script(client.ask, workspace, acked)
+    assert await proc.wait() == -9, "braid serve must have died by SIGKILL at the point"
+    assert (home / "braid.sock").exists()  # a SIGKILLed daemon cleans nothing up
 
     async with trio.open_nursery() as nursery:
         app: BraidApp = await nursery.start(
@@ -193,3 +211,4 @@ async def test_crash_at_each_durable_boundary(tmp_path: Path, point: str) -> Non
     report = verify_home(home, {"BRAID_HOME": str(home)})
     assert report.ok, report.render()
     assert find_local_workers(home / "runners" / "local" / "spool") == {}
+    shutil.rmtree(home.parent, ignore_errors=True)

@@ -203,6 +203,12 @@ async def test_workers_and_children_are_observed(braid: tuple[BraidApp, Path]) -
     ids = {w["workerId"] for w in workers}
     assert {e.destination_id for e in spawned} >= ids
     assert listed["childrenComplete"] is True
+    # The root worker's stderr is kept, bounded and redacted, as a content-addressed file.
+    log_ref = root["logRef"]
+    assert log_ref.startswith("sha256:")
+    log = app.home / "artifacts" / "logs" / f"{log_ref.removeprefix('sha256:')}.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert "local-worker[" in log.read_text()
 
 
 LIMITS = [
