@@ -40,7 +40,15 @@ from braid_actors.model import (
     new_id,
 )
 from braid_actors.providers import LocalProvider, Provider
-from braid_actors.supervisor import DEFAULT_OBSERVE_INTERVAL, RunsSupervisor, utc_now
+from braid_actors.supervisor import (
+    DEFAULT_OBSERVE_INTERVAL,
+    ChildSpec,
+    RunsSupervisor,
+    SupervisorHandle,
+    SupervisorSpec,
+    run_supervisor,
+    utc_now,
+)
 
 if TYPE_CHECKING:
     from braid_actors import graph
@@ -49,6 +57,9 @@ PROTOCOL_VERSION = 1
 APP_VERSION = "0.1.0"
 SNAPSHOT_EVERY = 5_000
 DEFAULT_DRAIN_GRACE = 30.0
+SERVICE_RESTARTS = 3
+SERVICE_PERIOD = 60.0
+RECORD_GRACE = 35.0
 
 
 def default_home(env: Mapping[str, str] = os.environ) -> Path:
@@ -57,17 +68,62 @@ def default_home(env: Mapping[str, str] = os.environ) -> Path:
 
 
 @attrs.define(eq=False)
+class JournalService:
+    """The journal service actor's handle: the store, its actor, the graph it admits."""
+
+    journal: Journal
+    handle: JournalHandle
+    admission: GraphAdmission
+
+
+@attrs.define(eq=False)
+class Services:
+    """What the root supervisor's children currently are (replaced on a restart)."""
+
+    journal: JournalService | None = None
+    runs: RunsSupervisor | None = None
+
+    def require(self) -> JournalService:
+        if self.journal is None:
+            raise ShuttingDown("the journal service is not running")
+        return self.journal
+
+
+async def journal_service(
+    home: Path,
+    key: bytes,
+    on_ready: Callable[[JournalService], None],
+    *,
+    task_status: trio.TaskStatus[JournalService] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Service actor: open the journal, rebuild the graph, run the journal actor."""
+    journal = await trio.to_thread.run_sync(Journal.open, home, key)
+    try:
+        admission = await trio.to_thread.run_sync(GraphAdmission.load, journal)
+        async with trio.open_nursery() as nursery:
+            handle: JournalHandle = await nursery.start(
+                functools.partial(
+                    run_journal, journal, admission=admission, snapshot_every=SNAPSHOT_EVERY
+                )
+            )
+            service = JournalService(journal, handle, admission)
+            on_ready(service)
+            task_status.started(service)
+    finally:
+        journal.close()
+
+
+@attrs.define(eq=False)
 class BraidApp:
     """Handle on a running Braid: state readers, committing helpers, lifecycle."""
 
     home: Path
     journal_path: Path
-    journal: JournalHandle
-    admission: GraphAdmission
-    runs: RunsSupervisor
     providers: dict[str, Provider]
     ids: IdSource
     clock: Callable[[], Any] = utc_now
+    services: Services = attrs.Factory(lambda: Services())
+    """The service actors currently running under the root supervisor."""
     events: EventHub = attrs.Factory(EventHub)
     """Subscriptions to protocol events (``subscribe``), fed by every commit."""
     drain_grace: float = DEFAULT_DRAIN_GRACE
@@ -77,9 +133,29 @@ class BraidApp:
     _shutting_down: bool = False
 
     @property
+    def journal(self) -> JournalHandle:
+        return self.services.require().handle
+
+    @property
+    def admission(self) -> GraphAdmission:
+        return self.services.require().admission
+
+    @property
+    def runs(self) -> RunsSupervisor:
+        if self.services.runs is None:
+            raise ShuttingDown("the runs supervisor is not running")
+        return self.services.runs
+
+    @property
     def state(self) -> graph.GraphState:
         """The committed graph (read model)."""
         return self.admission.read
+
+    def bind_journal(self, service: JournalService) -> None:
+        """A (re)started journal service: readers follow its read model from now on."""
+        self.services.journal = service
+        service.admission.listeners.append(self.notify)
+        self.events.attach(service.admission)
 
     def notify(self, _records: object) -> None:
         self._changed.set()
@@ -172,44 +248,62 @@ async def open_app(
     providers: Mapping[str, Provider] | None = None,
     task_status: trio.TaskStatus[BraidApp] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run Braid until :meth:`BraidApp.shutdown`; hands the app to the starter."""
+    """Run Braid until :meth:`BraidApp.shutdown`; hands the app to the starter.
+
+    The service actors run under the root supervisor (``one_for_all``): the journal
+    service first, then the runs supervisor. A failing service restarts both (the graph
+    is rebuilt from the journal and every active run is reconciled); more than
+    ``SERVICE_RESTARTS`` failures in ``SERVICE_PERIOD`` seconds stop them in reverse
+    order and the error escalates out of ``open_app``.
+    """
     await trio.Path(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     key = load_or_create_key(home, env)
-    journal = await trio.to_thread.run_sync(Journal.open, home, key)
-    try:
-        admission = await trio.to_thread.run_sync(GraphAdmission.load, journal)
-        async with trio.open_nursery() as nursery:
-            handle: JournalHandle = await nursery.start(
-                functools.partial(
-                    run_journal, journal, admission=admission, snapshot_every=SNAPSHOT_EVERY
-                )
-            )
-            found = dict(providers or {"local": LocalProvider(home / "runners" / "local")})
-            runs = RunsSupervisor(
-                handle,
-                admission,
-                found,
-                admission_limit=admission_limit,
-                default_limits=default_limits,
-                observe_interval=observe_interval,
-                artifacts_dir=home / "artifacts",
-                ids=new_id,
-            )
-            app = BraidApp(
-                home=home,
-                journal_path=home / "journal.sqlite3",
-                journal=handle,
-                admission=admission,
-                runs=runs,
-                providers=found,
-                ids=new_id,
-            )
-            admission.listeners.append(app.notify)
-            app.events.attach(admission)
-            await app.record_app("application.started", {"version": APP_VERSION})
-            await nursery.start(runs.run)
-            task_status.started(app)
-            await app.stopped.wait()
-            nursery.cancel_scope.cancel()
-    finally:
-        journal.close()
+    found = dict(providers or {"local": LocalProvider(home / "runners" / "local")})
+    app = BraidApp(home=home, journal_path=home / "journal.sqlite3", providers=found, ids=new_id)
+
+    async def runs_service(
+        *, task_status: trio.TaskStatus[RunsSupervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        service = app.services.require()
+        runs = RunsSupervisor(
+            service.handle,
+            service.admission,
+            found,
+            admission_limit=admission_limit,
+            default_limits=default_limits,
+            observe_interval=observe_interval,
+            artifacts_dir=home / "artifacts",
+            ids=new_id,
+        )
+        app.services.runs = runs
+        await runs.run(task_status=task_status)
+
+    spec = SupervisorSpec(
+        name="braid",
+        strategy="one_for_all",
+        max_restarts=SERVICE_RESTARTS,
+        period=SERVICE_PERIOD,
+        children=(
+            ChildSpec(
+                "journal",
+                functools.partial(journal_service, home, key, app.bind_journal),
+                restart="transient",
+                shutdown_grace=RECORD_GRACE,
+                stop=lambda service: service.handle.aclose(),
+            ),
+            ChildSpec(
+                "runs",
+                runs_service,
+                restart="transient",
+                shutdown_grace=RECORD_GRACE,
+                stop=lambda runs: runs.stop(drain=False, grace=RECORD_GRACE),
+            ),
+        ),
+    )
+    async with trio.open_nursery() as nursery:
+        root: SupervisorHandle = await nursery.start(run_supervisor, spec)
+        await app.record_app("application.started", {"version": APP_VERSION})
+        task_status.started(app)
+        await app.stopped.wait()
+        await root.stop()
+        nursery.cancel_scope.cancel()
