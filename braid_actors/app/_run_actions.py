@@ -69,23 +69,13 @@ class RunParams:
 
 
 @attrs.frozen
-class LimitsParams:
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
-    wall_seconds: float | None = None
-    cpu_seconds: float | None = None
-    rss_bytes: int | None = None
-
-
-@attrs.frozen
 class OverrideParams:
     branch_id: str
     runner: str | None = None
     model: str | None = None
     effort: str | None = None
     mode: str | None = None
-    limits: LimitsParams | None = None
+    limits: Limits | None = None
     operation_id: str | None = None
 
 
@@ -184,16 +174,12 @@ async def set_run_override(app: BraidApp, p: OverrideParams) -> dict[str, Any]:
     branch = graph.get_branch(app.state, p.branch_id)
     if p.runner is not None and p.runner not in app.providers:
         raise BadRequest(f"unknown runner {p.runner}", details={"field": "runner"})
-    lim = p.limits or LimitsParams()
-    for name, value in attrs.asdict(lim).items():
+    limits = p.limits or Limits()
+    for name, value in attrs.asdict(limits).items():
         if value is not None and value < 0:
             raise BadRequest("limits must not be negative", details={"field": f"limits.{name}"})
     overrides = RunOverrides(
-        runner=p.runner,
-        model=p.model,
-        effort=p.effort,
-        mode=p.mode,
-        limits=Limits(**attrs.asdict(lim)),
+        runner=p.runner, model=p.model, effort=p.effort, mode=p.mode, limits=limits
     )
 
     def build(op_id: str) -> tuple[Any, dict[str, Any]]:

@@ -303,3 +303,22 @@ async def test_cancel_worker_force_kills_it_and_the_run_says_so(
     with pytest.raises(BraidError) as refused:
         await call(app, "steer_worker", {"workerId": worker_id, "action": "pause"})
     assert refused.value.code == "illegal_transition"
+
+
+async def test_run_overrides_refuse_bad_limits_and_write_nothing(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """Negative or mistyped limits are invalid_params, and nothing is journaled for them."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    seq = app.admission.seq
+    for limits in ({"cpuSeconds": -1}, {"rssBytes": "big"}, {"tokens": 5}):
+        with pytest.raises(BraidError) as refused:
+            await call(app, "set_run_override", {"branchId": branch, "limits": limits})
+        assert refused.value.code == "invalid_params"
+    assert app.admission.seq == seq
+    view = await call(
+        app, "set_run_override", {"branchId": branch, "model": "m1", "limits": {"wallSeconds": 5}}
+    )
+    assert view["overrides"]["model"] == "m1"
+    assert view["overrides"]["limits"]["wallSeconds"] == 5.0
