@@ -36,6 +36,7 @@ from braid_actors.model import (
     Outcome,
     OutcomeKind,
     ProviderBinding,
+    Run,
     SessionMode,
     TerminalState,
     Usage,
@@ -124,7 +125,7 @@ class RunActor:
             await self._record_worker_exits("killed")
             await self.finish("cancelled", Outcome("cancelled", "Braid shut down and stopped it"))
 
-    def _run(self) -> Any:
+    def _run(self) -> Run:
         return self.state.runs[self.run_id]
 
     async def _prepare(self, provider: Provider) -> tuple[TurnRequest, SessionMode, str]:
