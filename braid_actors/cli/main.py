@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     journal = sub.add_parser("journal", help="journal tools")
     jsub = journal.add_subparsers(dest="journal_command", required=True)
     jsub.add_parser("verify", help="integrity report; non-zero exit on any fault")
+    from braid_actors.cli import evidence
+
+    evidence.add_parser(sub)
     return parser
 
 
@@ -155,6 +158,10 @@ def _run(args: argparse.Namespace) -> int:
         report = verify_home(home)
         print(report.render())
         return 0 if report.ok else 1
+    if args.command == "evidence":
+        from braid_actors.cli import evidence
+
+        return evidence.run(args, home)
     return 2
 
 

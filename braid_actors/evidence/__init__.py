@@ -17,11 +17,11 @@ with EvidenceStore.open(home) as store:
 
 from braid_actors.evidence._coverage import COUNT_KEYS
 from braid_actors.evidence._detect import HARNESSES
-from braid_actors.evidence._ingest import IngestReport, SourceReport
 from braid_actors.evidence._objects import MAX_OBJECT_BYTES
 from braid_actors.evidence._paging import ENTRY_KINDS
 from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
 from braid_actors.evidence._redact import Redactor
+from braid_actors.evidence._rows import IngestReport, SourceReport
 from braid_actors.evidence._runtime import ProcessObservation
 from braid_actors.evidence._store import EvidenceStore
 

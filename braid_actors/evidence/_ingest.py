@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,13 +30,14 @@ from braid_actors.errors import EvidenceInvalidArgument
 
 from ._claude import parse_claude
 from ._codex import parse_codex
-from ._coverage import Tally, coverage_report, unknown_counts, zero_counts
+from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
 from ._local import parse_local
-from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id, source_id
+from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id
 from ._objects import ObjectStore
 from ._parsed import split_lines
-from ._redact import Redactor
+from ._rows import IngestReport, Rows, SourceReport, ensure_run, transaction
+from ._unparsed import unparsed, unsupported
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,48 +51,13 @@ PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
     "codex": parse_codex,
     "local": parse_local,
 }
-PARSER_VERSIONS: Final = {
-    "claude_code": "braid.claude_code/1",
-    "codex": "braid.codex/1",
-    "local": "braid.local/1",
-    "gemini_cli": "braid.unsupported/1",
-    "unknown": "braid.unsupported/1",
-}
-
-
-@attrs.frozen
-class SourceReport:
-    """One source of an ingested file: its coverage and derived summary counts."""
-
-    coverage: dict[str, Any]
-    """The spec's ``Coverage`` object for this pass."""
-    summary: dict[str, int]
-    """Derived counts (messages, tool calls, unmatched calls, sidechain records, compactions,
-    de-duplicated usage ``usage_*`` …); not part of the spec's schemas."""
-
-
-@attrs.frozen
-class IngestReport:
-    """What one ``ingest`` call did."""
-
-    run_id: str
-    path: str
-    harness: str
-    sources: tuple[SourceReport, ...]
-
-    @property
-    def coverage(self) -> tuple[dict[str, Any], ...]:
-        return tuple(source.coverage for source in self.sources)
 
 
 @attrs.define(eq=False)
-class Ingest:
-    """The collaborators one pass needs."""
+class Ingest(Rows):
+    """One parsed ingest pass (the rows it writes, plus the object store)."""
 
-    conn: sqlite3.Connection
-    objects: ObjectStore
-    redactor: Redactor
-    now: str
+    objects: ObjectStore = attrs.field(kw_only=True)
 
     def run(
         self,
@@ -107,17 +72,17 @@ class Ingest:
             raise EvidenceInvalidArgument(
                 "unknown harness", details={"field": "harness", "known": list(HARNESSES)}
             )
-        path_key = str(path.resolve())
+        path_key = self.redactor.clean(str(path.resolve()))
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return self._unparsed(run_id, path_key, path.stem, harness, policy, "no_input")
+            return unparsed(self, run_id, path_key, path.stem, harness, policy, "no_input")
         except OSError:
-            return self._unparsed(run_id, path_key, path.stem, harness, policy, "unreadable")
+            return unparsed(self, run_id, path_key, path.stem, harness, policy, "unreadable")
         split = split_lines(data)
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
-            return self._unsupported(run_id, path_key, path.stem, detected, policy, split, data)
+            return unsupported(self, run_id, path_key, path.stem, detected, policy, split, data)
         outcome = PARSERS[detected](split, fallback_session=path.stem)
         boundary, issues = self._boundary(run_id, path_key, data, resume_offset)
         mat = Materializer(
@@ -135,9 +100,9 @@ class Ingest:
             for d in outcome.drafts
         }
         rows = [row for d in outcome.drafts if (row := mat.entry(d, sources[d.session], ids))]
-        with _transaction(self.conn):
-            _ensure_run(self.conn, run_id, policy, self.now)
-            pks = {key: self._put_source(run_id, path_key, src) for key, src in sources.items()}
+        with transaction(self.conn):
+            ensure_run(self.conn, run_id, policy, self.now)
+            pks = {key: self.put_source(run_id, path_key, src) for key, src in sources.items()}
             written = self._put_entries(run_id, rows, pks)
             self._put_objects(mat)
             self._put_actions(run_id, outcome, rows, sources)
@@ -189,28 +154,6 @@ class Ingest:
         return 0, issues
 
     # ---- writes ----------------------------------------------------------------------
-
-    def _put_source(self, run_id: str, path_key: str, source: dict[str, Any]) -> int:
-        body = json.dumps(source, ensure_ascii=False, sort_keys=True)
-        self.conn.execute(
-            "INSERT INTO sources(id, run_id, harness, session_id, agent_id, parent_session_id, "
-            "path_key, body, updated_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE "
-            "SET body=excluded.body, agent_id=excluded.agent_id, "
-            "parent_session_id=excluded.parent_session_id, updated_at=excluded.updated_at",
-            (
-                source["id"],
-                run_id,
-                source["harness"],
-                source["session_id"],
-                source.get("agent_id"),
-                source.get("parent_session_id"),
-                path_key,
-                body,
-                self.now,
-            ),
-        )
-        row = self.conn.execute("SELECT pk FROM sources WHERE id=?", (source["id"],)).fetchone()
-        return int(row["pk"])
 
     def _put_entries(
         self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
@@ -404,142 +347,13 @@ class Ingest:
             prior=prior,
             policy=policy.to_wire(),
             omissions=dict(omissions),
-            last_success_at=self._last_success(run_id, source["id"]),
+            last_success_at=self.last_success(run_id, source["id"]),
         )
-        self._put_coverage(run_id, report)
+        self.put_coverage(run_id, report)
         summary = dict(outcome.stats.get(key, Counter()))
         for name, value in outcome.usage.get(key, Counter()).items():
             summary[f"usage_{name}"] = value
         return SourceReport(report, dict(sorted(summary.items())))
-
-    def _last_success(self, run_id: str, source_key: str) -> str | None:
-        row = self.conn.execute(
-            "SELECT body FROM coverage WHERE run_id=? AND source_id=? ORDER BY pk DESC LIMIT 1",
-            (run_id, source_key),
-        ).fetchone()
-        if row is None:
-            return None
-        value = json.loads(row["body"]).get("last_success_at")
-        return value if isinstance(value, str) else None
-
-    def _put_coverage(self, run_id: str, report: dict[str, Any]) -> None:
-        self.conn.execute(
-            "INSERT INTO coverage(id, run_id, source_id, status, observed_at, body) "
-            "VALUES (?,?,?,?,?,?)",
-            (
-                report["id"],
-                run_id,
-                report["source"]["id"],
-                report["status"],
-                report["observed_at"],
-                json.dumps(report, ensure_ascii=False, sort_keys=True),
-            ),
-        )
-
-    # ---- files no parser reads -------------------------------------------------------
-
-    def _unparsed(
-        self,
-        run_id: str,
-        path_key: str,
-        stem: str,
-        harness: str | None,
-        policy: CapturePolicy,
-        reason: str,
-    ) -> IngestReport:
-        name = harness or "unknown"
-        tally = Tally(counts=unknown_counts(discovered=0))
-        if reason == "unreadable":
-            tally.issues.append({"code": "source_unreadable"})
-        status = "no_input" if reason == "no_input" else "failed"
-        return self._single(run_id, path_key, stem, name, None, policy, tally, status)
-
-    def _unsupported(
-        self,
-        run_id: str,
-        path_key: str,
-        stem: str,
-        detected: str | None,
-        policy: CapturePolicy,
-        split: LineSplit,
-        data: bytes,
-    ) -> IngestReport:
-        name = detected or "unknown"
-        tally = Tally(counts=zero_counts())
-        if detected == "gemini_cli":
-            document = json.loads(data)
-            session = str(document.get("sessionId") or stem)
-            for key in ("discovered", "matched", "read", "parsed", "unrecognized"):
-                tally.add(key)
-            tally.issues.append({"code": "unsupported_format"})
-            return self._single(
-                run_id, path_key, session, name, "gemini_cli.chat_json", policy, tally, "failed"
-            )
-        for line in split.lines:
-            for key in ("discovered", "matched", "read"):
-                tally.add(key)
-            tally.add("failed" if line.obj is None else "parsed")
-            if line.obj is not None:
-                tally.add("unrecognized")
-        if split.deferred is not None:
-            for key in ("discovered", "matched", "deferred"):
-                tally.add(key)
-        if not tally.counts["matched"]:
-            return self._single(run_id, path_key, stem, name, None, policy, tally, "empty")
-        tally.issues.append({"code": "unknown_format"})
-        return self._single(run_id, path_key, stem, name, None, policy, tally, "failed")
-
-    def _single(
-        self,
-        run_id: str,
-        path_key: str,
-        session: str,
-        harness: str,
-        format_version: str | None,
-        policy: CapturePolicy,
-        tally: Tally,
-        status: str,
-    ) -> IngestReport:
-        clean = self.redactor.clean
-        session_id = clean(session)
-        source: dict[str, Any] = {
-            "id": source_id(run_id, harness, path_key, session_id),
-            "harness": harness,
-            "channel": "transcript",
-            "session_id": session_id,
-            "path": clean(path_key),
-            "parser_version": PARSER_VERSIONS.get(harness, "braid.unsupported/1"),
-            "binding": "explicit",
-            "binding_evidence": ["caller_run_id"],
-        }
-        if format_version:
-            source["format_version"] = format_version
-        with _transaction(self.conn):
-            _ensure_run(self.conn, run_id, policy, self.now)
-            self._put_source(run_id, path_key, source)
-            report = coverage_report(
-                run_id=run_id,
-                source=source,
-                observed_at=self.now,
-                current=tally,
-                prior=None,
-                policy=policy.to_wire(),
-                omissions={},
-                last_success_at=self._last_success(run_id, source["id"]),
-                status=status,
-                missing_fields=[],
-            )
-            self._put_coverage(run_id, report)
-        return IngestReport(run_id, path_key, harness, (SourceReport(report, {}),))
-
-
-def _ensure_run(conn: sqlite3.Connection, run_id: str, policy: CapturePolicy, now: str) -> None:
-    body = json.dumps(policy.to_wire(), sort_keys=True)
-    conn.execute(
-        "INSERT OR IGNORE INTO runs(run_id, created_at, policy) VALUES (?,?,?)",
-        (run_id, now, body),
-    )
-    conn.execute("UPDATE runs SET policy=? WHERE run_id=? AND policy IS NULL", (body, run_id))
 
 
 def _hash(data: bytes) -> str:
@@ -548,19 +362,3 @@ def _hash(data: bytes) -> str:
 
 def _prefix_matches(data: bytes, length: int, expected: str) -> bool:
     return length <= len(data) and _hash(data[:length]) == expected
-
-
-class _transaction:
-    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on any exception)."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.conn.execute("COMMIT")
-        else:
-            self.conn.execute("ROLLBACK")

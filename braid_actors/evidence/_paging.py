@@ -95,7 +95,10 @@ def _b64(data: bytes) -> str:
 def _unb64(text: str) -> bytes:
     if not text:
         raise ValueError("empty")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not the canonical encoding")  # one cursor has exactly one spelling
+    return data
 
 
 def check_run(conn: sqlite3.Connection, run_id: object) -> str:

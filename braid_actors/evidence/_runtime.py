@@ -340,7 +340,8 @@ def _event_command(argv: list[str]) -> str:
         rest = argv[1:]
         script = False
         while rest and rest[0].startswith("-"):
-            script = script or "c" in rest.pop(0)[1:]
+            flag = rest.pop(0)
+            script = script or "c" in flag[1:]
         if script and rest:
             return _normal(rest[0])
     return _normal(shlex.join(argv))

@@ -1,16 +1,18 @@
 """The evidence store: one synchronous object over the database and the object files.
 
 ``EvidenceStore.open(home)`` opens ``home/evidence.sqlite3`` and ``home/objects``. Every
-method is a short synchronous call (small-file I/O and SQLite); an actor drives it through
-``trio.to_thread``, one call at a time. Reads that the HTTP API serves return dicts shaped
-exactly like the spec's schemas; errors are :class:`~braid_actors.errors.EvidenceError`
-subclasses whose ``code`` is the API's error code.
+method is a short synchronous call (small-file I/O and SQLite) made under the store's lock,
+so an actor may drive it through ``trio.to_thread`` from whichever worker thread it gets.
+Reads that the HTTP API serves return dicts shaped exactly like the spec's schemas; errors
+are :class:`~braid_actors.errors.EvidenceError` subclasses whose ``code`` is the API's
+error code.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self
 
@@ -22,7 +24,7 @@ from braid_actors.errors import (
 from braid_actors.model import new_id
 
 from . import _runtime
-from ._ingest import Ingest, IngestReport
+from ._ingest import Ingest
 from ._materialize import SCHEMA
 from ._objects import REF_RE, ObjectStore
 from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entries_page
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from types import TracebackType
 
+    from ._rows import IngestReport
     from ._runtime import ProcessObservation
 
 MAX_SOURCES: Final = 256
@@ -50,6 +53,7 @@ class EvidenceStore:
         self._objects = ObjectStore(home / "objects")
         self._redactor = redactor
         self._codec = CursorCodec(cursor_key(conn))
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, home: Path, *, redaction_patterns: Sequence[str] = ()) -> EvidenceStore:
@@ -96,9 +100,11 @@ class EvidenceStore:
             raise EvidenceInvalidArgument(
                 "run must be 1 to 512 characters", details={"field": "run"}
             )
-        chosen = self._policy(run_id, policy)
         with self._guard():
-            return Ingest(self._conn, self._objects, self._redactor, _runtime.now_text()).run(
+            chosen = self._policy(run_id, policy)
+            return Ingest(
+                self._conn, self._redactor, _runtime.now_text(), objects=self._objects
+            ).run(
                 Path(path),
                 run_id=run_id,
                 harness=harness,
@@ -123,10 +129,9 @@ class EvidenceStore:
 
     def runs(self) -> list[str]:
         """Every run the store holds, oldest first."""
-        return [
-            r["run_id"]
-            for r in self._conn.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")
-        ]
+        with self._guard():
+            rows = self._conn.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")
+            return [r["run_id"] for r in rows]
 
     def overview(self, run_id: str) -> dict[str, Any]:
         """The run's ``Overview``: latest coverage per source and stored record counts."""
@@ -360,14 +365,18 @@ class EvidenceStore:
             return _runtime.coverage(self._conn, check_run(self._conn, run_id))
 
     def _guard(self) -> _Guard:
-        return _Guard()
+        return _Guard(self._lock)
 
 
 class _Guard:
-    """Translates SQLite failures into ``store_unavailable`` (never "no evidence")."""
+    """Holds the store's lock and translates SQLite failures into ``store_unavailable``
+    (never reported as missing evidence)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
 
     def __enter__(self) -> None:
-        return None
+        self._lock.acquire()
 
     def __exit__(
         self,
@@ -375,5 +384,6 @@ class _Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._lock.release()
         if exc is not None and isinstance(exc, sqlite3.Error):
             raise EvidenceStoreUnavailable("the evidence database could not be read") from None
