@@ -14,6 +14,8 @@ PACKAGES = [
     "braid_actors.providers",
     "braid_actors.supervisor",
     "braid_actors.app",
+    "braid_actors.evidence",
+    "tools.model_stub",
 ]
 
 
