@@ -21,6 +21,7 @@ import trio
 from braid_actors._faults import crash_point
 from braid_actors.app._events import EventHub
 from braid_actors.errors import ShuttingDown, UnknownRun
+from braid_actors.evidence import EvidenceStore
 from braid_actors.journal import (
     GraphAdmission,
     Journal,
@@ -265,6 +266,7 @@ async def open_app(
         *, task_status: trio.TaskStatus[RunsSupervisor] = trio.TASK_STATUS_IGNORED
     ) -> None:
         service = app.services.require()
+        evidence = await trio.to_thread.run_sync(EvidenceStore.open, home)
         runs = RunsSupervisor(
             service.handle,
             service.admission,
@@ -273,10 +275,14 @@ async def open_app(
             default_limits=default_limits,
             observe_interval=observe_interval,
             artifacts_dir=home / "artifacts",
+            evidence=evidence,
             ids=new_id,
         )
         app.services.runs = runs
-        await runs.run(task_status=task_status)
+        try:
+            await runs.run(task_status=task_status)
+        finally:
+            evidence.close()
 
     spec = SupervisorSpec(
         name="braid",

@@ -140,7 +140,7 @@ def _run_session_reported(state: GraphState, ev: RunSessionReported, seq: int | 
     state.runs[run.run_id] = attrs.evolve(
         run,
         provider_session_id=ev.session_id,
-        trace_ref=ev.trace_path,
+        trace_path=ev.trace_path,
         events=counted(run, seq),
         provider_cursor=_with_cursor(run, ev.cursor),
     )
@@ -261,6 +261,7 @@ def _run_finished(state: GraphState, ev: RunFinished, seq: int | None) -> None:
         cost_usd=ev.cost_usd,
         ended_at=ev.at,
         interactions=interactions,
+        trace_ref=ev.trace_ref or run.trace_ref,
         events=counted(run, seq),
         provider_cursor=_with_cursor(run, ev.cursor),
     )

@@ -262,6 +262,9 @@ class Run:
     usage: Usage = Usage()
     cost_usd: float | None = None
     trace_ref: str | None = None
+    """The evidence run that holds this run's ingested transcript (null until ingested)."""
+    trace_path: str | None = None
+    """Where the runner keeps its native transcript (session file, rollout, spool)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
     session_preference: Literal["reuse", "fresh"] = "reuse"

@@ -306,6 +306,8 @@ class RunFinished:
     at: datetime
     cursor: int | None = None
     """Provider message position this event came from (for replay after restart)."""
+    trace_ref: str | None = None
+    """The evidence run its transcript was ingested into, when it was."""
     type: Literal["run.finished"] = "run.finished"
 
     @property

@@ -402,7 +402,8 @@ class RunActor:
         cost_usd: float | None = None,
         binding: ProviderBinding | None = None,
     ) -> None:
-        await self.sup.finish(self.run_id, end, outcome, usage, cost_usd, binding)
+        trace_ref = await self.sup.ingest_evidence(self.run_id)
+        await self.sup.finish(self.run_id, end, outcome, usage, cost_usd, binding, trace_ref)
 
     # ---- workers and limits ----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -20,7 +21,7 @@ import trio
 from braid_actors import graph
 from braid_actors._faults import crash_point
 from braid_actors.errors import BraidError, InteractionNotPending, UnknownInteraction
-from braid_actors.evidence import Redactor
+from braid_actors.evidence import EvidenceStore, ProcessObservation, Redactor
 from braid_actors.journal import Operation, event_to_record
 from braid_actors.model import (
     TERMINAL_WORKER_STATES,
@@ -41,14 +42,13 @@ from braid_actors.workers import adopt, find_local_workers
 from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from braid_actors.journal import GraphAdmission, JournalHandle
     from braid_actors.supervisor._sink import PendingInteraction
 
 _log = logging.getLogger("braid.supervisor")
 
 RECORD_DEADLINE = 30.0
+EVIDENCE_DEADLINE = 30.0
 DEFAULT_OBSERVE_INTERVAL = 0.5
 
 Clock = Callable[[], datetime]
@@ -77,6 +77,7 @@ class RunsSupervisor:
         default_limits: Limits | None = None,
         observe_interval: float = DEFAULT_OBSERVE_INTERVAL,
         artifacts_dir: Path | None = None,
+        evidence: EvidenceStore | None = None,
         ids: IdSource,
         clock: Clock = utc_now,
     ) -> None:
@@ -87,6 +88,7 @@ class RunsSupervisor:
         self.default_limits = default_limits or Limits()
         self.observe_interval = observe_interval
         self.artifacts_dir = artifacts_dir
+        self.evidence = evidence
         self._redactor = Redactor.create()
         self.ids = ids
         self.clock = clock
@@ -131,6 +133,51 @@ class RunsSupervisor:
 
         await trio.to_thread.run_sync(write)
         return ref
+
+    async def ingest_evidence(self, run_id: str) -> str | None:
+        """Ingest a finished run's transcript and its worker processes as evidence.
+
+        The evidence run is named by the Braid run id; returned as the run's ``traceRef``.
+        Null (and logged) when there is no store, no transcript, or the ingest failed:
+        a missing trace is never papered over.
+        """
+        store = self.evidence
+        run = self.state.runs[run_id]
+        if store is None or run.trace_path is None:
+            return None
+        observations = [
+            ProcessObservation(
+                pid=worker.pid,
+                ppid=(
+                    self.state.workers[worker.parent_worker_id].pid
+                    if worker.parent_worker_id is not None
+                    else os.getpid()
+                ),
+                argv=worker.command,
+                started_at=(
+                    datetime.fromtimestamp(worker.create_time, UTC)
+                    if worker.create_time is not None
+                    else None
+                ),
+                run_id=run_id,
+            )
+            for worker in (self.state.workers[w] for w in run.worker_ids)
+        ]
+        trace = Path(run.trace_path)
+
+        def ingest() -> None:
+            store.begin_runtime_capture(run_id)
+            store.record_runtime(run_id, observations)
+            store.end_runtime_capture(run_id)
+            store.ingest(trace, run_id=run_id, harness=run.runner)
+
+        try:
+            with trio.fail_after(EVIDENCE_DEADLINE):
+                await trio.to_thread.run_sync(ingest)
+        except (BraidError, OSError, trio.TooSlowError):
+            _log.warning("evidence ingest of run %s failed", run_id, exc_info=True)
+            return None
+        return run_id
 
     async def record_quietly(self, event: Event) -> bool:
         """Commit an observation the graph may refuse (a duplicate, a frozen history)."""
@@ -264,6 +311,7 @@ class RunsSupervisor:
         usage: Usage | None = None,
         cost_usd: float | None = None,
         binding: ProviderBinding | None = None,
+        trace_ref: str | None = None,
     ) -> None:
         """Record the run's terminal state (no-op when it is already terminal)."""
         run = self.state.runs[run_id]
@@ -274,7 +322,15 @@ class RunsSupervisor:
         crash_point("run.finishing")
         await self.record(
             RunFinished(
-                run.conversation_id, run_id, end, outcome, usage, cost_usd, binding, self.clock()
+                run.conversation_id,
+                run_id,
+                end,
+                outcome,
+                usage,
+                cost_usd,
+                binding,
+                self.clock(),
+                trace_ref=trace_ref,
             )
         )
         crash_point("run.finished")

@@ -167,7 +167,10 @@ async def test_turns_stream_journal_and_continue_the_native_session(
     assert record2["state"] == "succeeded"
     assert record2["sessionLabel"] == "resumed session"
     assert record2["providerSessionId"] == record["providerSessionId"]
-    session_file = Path(record2["traceRef"])
+    # The native transcript is the session file; the run's trace is the evidence run that
+    # ingested it when the run finished.
+    assert record2["traceRef"] == record2["runId"]
+    session_file = Path(record2["tracePath"])
     lines = [json.loads(x) for x in (await trio.Path(session_file).read_text()).splitlines()]
     assert [x["role"] for x in lines] == ["user", "assistant", "user", "assistant"]
 

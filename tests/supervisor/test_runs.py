@@ -7,6 +7,7 @@ observation of their process trees, and the stop ladder.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -322,3 +323,35 @@ async def test_run_overrides_refuse_bad_limits_and_write_nothing(
     )
     assert view["overrides"]["model"] == "m1"
     assert view["overrides"]["limits"]["wallSeconds"] == 5.0
+
+
+async def test_finished_run_ingests_its_transcript_as_evidence(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """A finished run's session file and worker processes are in the evidence store."""
+    from braid_actors.evidence import EvidenceStore
+
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "!echo hi\nhello"})
+    blocked = await _wait_state(app, sent["runId"], {"blocked"})
+    await call(
+        app,
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["traceRef"] == sent["runId"]
+    store = await trio.to_thread.run_sync(EvidenceStore.open, app.home)
+    try:
+        overview = await trio.to_thread.run_sync(store.overview, sent["runId"])
+        runtime = await trio.to_thread.run_sync(store.runtime_coverage, sent["runId"])
+    finally:
+        store.close()
+    text = json.dumps(overview)
+    assert '"local"' in text
+    assert runtime["capture"]["status"] == "ok"
