@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def _fixture_files() -> list[Path]:
     if not FIXTURES.is_dir():
-        return []
+        # Not an empty parameter set (pytest would skip): a missing file fails loudly.
+        return [FIXTURES / "missing-fixture-folder.jsonl"]
     return sorted(
         p
         for p in FIXTURES.rglob("*")
