@@ -42,10 +42,14 @@ from braid_actors.workers import adopt, find_local_workers
 from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
-    from braid_actors.journal import GraphAdmission, JournalHandle
+    from collections.abc import Sequence
+
+    from braid_actors.journal import CommittedRecord, GraphAdmission, JournalHandle
     from braid_actors.supervisor._sink import PendingInteraction
 
 _log = logging.getLogger("braid.supervisor")
+
+_ADMISSION_TRIGGERS = frozenset({"turn.submitted", "run.retried", "run.finished"})
 
 RECORD_DEADLINE = 30.0
 EVIDENCE_DEADLINE = 30.0
@@ -98,11 +102,17 @@ class RunsSupervisor:
         self._idle = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._accepting = True
-        admission.listeners.append(lambda _records: self._wake.set())
+        admission.listeners.append(self._committed)
 
     @property
     def state(self) -> graph.GraphState:
         return self.admission.read
+
+    def _committed(self, records: Sequence[CommittedRecord]) -> None:
+        # Only a new queued run or a freed slot can make a run admissible: the admission
+        # pass (which looks at every branch queue) runs for those, not for every part update.
+        if any(r.type in _ADMISSION_TRIGGERS for r in records):
+            self._wake.set()
 
     async def record(self, event: Event) -> int:
         """Commit a run event; a shutdown in progress does not interrupt the record."""
