@@ -4,22 +4,28 @@
 braid evidence ingest PATH... [--run RUN_ID] [--harness NAME] [--policy basic|detailed]
                               [--redact REGEX]... [--json]
 braid evidence show RUN_ID [--json]
+braid evidence serve [--port N] [--dashboard-port N]
 ```
 
 Without ``--run`` the paths go into one new import run (printed first) and every file is its
 current execution. Output names sources, statuses, counts and issue codes only: never a
 message body. The exit status is 1 when any source is ``failed`` or ``no_input``.
+
+``serve`` runs the recorded-context HTTP API on 127.0.0.1 (port 0 picks a free one) and,
+with ``--dashboard-port``, the dashboard routes; it prints each bound URL once it listens.
+Requests need ``Authorization: Bearer`` and the token in ``$BRAID_HOME/evidence.token``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from braid_actors.errors import BraidError
-from braid_actors.evidence import HARNESSES, PRESETS, EvidenceStore
+from braid_actors.evidence import HARNESSES, PRESETS, EvidenceStore, serve_evidence
 from braid_actors.model import new_id
 
 if TYPE_CHECKING:
@@ -44,6 +50,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     show = sub.add_parser("show", help="print a run's coverage and stored counts")
     show.add_argument("run_id", metavar="RUN_ID")
     show.add_argument("--json", action="store_true", help="print the overview as JSON")
+    serve = sub.add_parser("serve", help="serve the recorded-context HTTP API on 127.0.0.1")
+    serve.add_argument("--port", type=int, default=8574, help="API port (0: any free port)")
+    serve.add_argument("--dashboard-port", type=int, help="also serve the dashboard routes")
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
@@ -53,6 +62,8 @@ def run(args: argparse.Namespace, home: Path) -> int:
             return _ingest(args, home)
         if args.evidence_command == "show":
             return _show(args, home)
+        if args.evidence_command == "serve":
+            return _serve(args, home)
     except BraidError as exc:
         print(f"braid: {exc.message} ({exc.code})", file=sys.stderr)
         return 2
@@ -98,6 +109,26 @@ def _show(args: argparse.Namespace, home: Path) -> int:
         print(_line(coverage, {}))
     if overview["has_more_sources"]:
         print("  (more sources than shown)")
+    return 0
+
+
+def _serve(args: argparse.Namespace, home: Path) -> int:
+    import trio
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            serve = functools.partial(
+                serve_evidence, home, port=args.port, dashboard_port=args.dashboard_port
+            )
+            server = await nursery.start(serve)
+            print(f"braid: evidence API on {server.api_url}", flush=True)
+            if server.dashboard_url is not None:
+                print(f"braid: evidence dashboard on {server.dashboard_url}", flush=True)
+
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        return 0
     return 0
 
 

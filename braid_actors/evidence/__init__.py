@@ -4,7 +4,8 @@ The store turns provider transcripts (Claude Code session JSONL, Codex rollouts,
 own local runner session files) into normalized entries in SQLite, with redacted bodies as
 content-addressed objects, and answers the reads of the recorded-context API
 (``spec/agentprovenance-context-api.yaml``): overview, entry pages, content pages, session
-relations, and runtime coverage and correlation.
+relations, and runtime coverage and correlation. ``serve_evidence`` serves those reads over
+HTTP on 127.0.0.1 (``make_app`` is the ASGI application itself), behind a bearer token.
 
 ```python
 with EvidenceStore.open(home) as store:
@@ -17,6 +18,13 @@ with EvidenceStore.open(home) as store:
 
 from braid_actors.evidence._coverage import COUNT_KEYS
 from braid_actors.evidence._detect import HARNESSES
+from braid_actors.evidence._http import (
+    EvidenceApp,
+    EvidenceServer,
+    ensure_token,
+    make_app,
+    serve_evidence,
+)
 from braid_actors.evidence._objects import MAX_OBJECT_BYTES
 from braid_actors.evidence._paging import ENTRY_KINDS
 from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
@@ -32,10 +40,15 @@ __all__ = [
     "MAX_OBJECT_BYTES",
     "PRESETS",
     "CapturePolicy",
+    "EvidenceApp",
+    "EvidenceServer",
     "EvidenceStore",
     "IngestReport",
     "ProcessObservation",
     "Redactor",
     "SourceReport",
+    "ensure_token",
+    "make_app",
     "make_policy",
+    "serve_evidence",
 ]
