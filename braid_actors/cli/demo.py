@@ -66,7 +66,8 @@ def _summary(app: BraidApp, message_id: str) -> str:
         elif isinstance(part, ToolRequestPart):
             bits.append(f"[tool {part.name} {dict(part.input)}]")
         elif isinstance(part, ToolResultPart):
-            bits.append(f"[result {part.status} exit={part.exit_code}]")
+            output = " ".join(part.summary.split())[:40]
+            bits.append(f"[result {part.status} exit={part.exit_code}] {output}".rstrip())
         else:
             bits.append(f"[{part.kind}]")
     return " ".join(bits)
