@@ -71,7 +71,8 @@ class G:
             self.run_to_end(run_id, "succeeded")
         return ev.message.message_id, run_id
 
-    def run_to_end(self, run_id: str, end: TerminalState = "succeeded") -> None:
+    def start(self, run_id: str) -> None:
+        """Admit what can be admitted and dispatch ``run_id``."""
         for adm in graph.next_admissions(self.s, at=self.at()):
             graph.apply(self.s, adm)
         graph.apply(
@@ -85,6 +86,9 @@ class G:
                 ids=self.ids,
             ),
         )
+
+    def run_to_end(self, run_id: str, end: TerminalState = "succeeded") -> None:
+        self.start(run_id)
         run = self.s.runs[run_id]
         assert run.assistant_message_id is not None
         graph.apply(
@@ -189,19 +193,7 @@ def test_branch_does_not_inherit_queued_or_pending_work() -> None:
     b0 = g.conversation()
     g.turn(b0, "one")
     _, running = g.turn(b0, "two", finish=False)
-    for adm in graph.next_admissions(g.s, at=g.at()):
-        graph.apply(g.s, adm)
-    graph.apply(
-        g.s,
-        graph.dispatch(
-            g.s,
-            run_id=running,
-            receipt="sha256:" + "2" * 64,
-            session_mode="new",
-            at=g.at(),
-            ids=g.ids,
-        ),
-    )
+    g.start(running)
     graph.apply(
         g.s,
         RunInteractionRequested(
@@ -236,19 +228,7 @@ def test_branch_through_streaming_message_is_refused() -> None:
     g = G()
     b0 = g.conversation()
     _, run_id = g.turn(b0, "one", finish=False)
-    for adm in graph.next_admissions(g.s, at=g.at()):
-        graph.apply(g.s, adm)
-    graph.apply(
-        g.s,
-        graph.dispatch(
-            g.s,
-            run_id=run_id,
-            receipt="sha256:" + "3" * 64,
-            session_mode="new",
-            at=g.at(),
-            ids=g.ids,
-        ),
-    )
+    g.start(run_id)
     reply = g.s.runs[run_id].assistant_message_id
     assert reply is not None
     ev = graph.branch(
@@ -419,19 +399,7 @@ def test_resumed_label_requires_continued_session() -> None:
     g = G()
     b0 = g.conversation()
     _, run_id = g.turn(b0, "one", finish=False)
-    for adm in graph.next_admissions(g.s, at=g.at()):
-        graph.apply(g.s, adm)
-    graph.apply(
-        g.s,
-        graph.dispatch(
-            g.s,
-            run_id=run_id,
-            receipt="sha256:" + "6" * 64,
-            session_mode="new",
-            at=g.at(),
-            ids=g.ids,
-        ),
-    )
+    g.start(run_id)
     conv = g.s.runs[run_id].conversation_id
     with pytest.raises(BraidError) as caught:
         graph.apply(g.s, RunSessionReported(conv, run_id, "sess_1", True, None, g.at()))
@@ -503,19 +471,7 @@ def _running_run_with_root_fresh(g: G) -> tuple[str, str, str]:
 
     b0 = g.conversation(workspace=f"/w/{len(g.s.conversations)}")
     _, run_id = g.turn(b0, "one", finish=False)
-    for adm in graph.next_admissions(g.s, at=g.at()):
-        graph.apply(g.s, adm)
-    graph.apply(
-        g.s,
-        graph.dispatch(
-            g.s,
-            run_id=run_id,
-            receipt="sha256:" + "8" * 64,
-            session_mode="new",
-            at=g.at(),
-            ids=g.ids,
-        ),
-    )
+    g.start(run_id)
     root = Worker(f"wrk_root_{run_id}", run_id, "running", pid=10, create_time=1.0)
     edge = graph.make_edge(g.ids, "spawned", run_id, root.worker_id, "op", g.at())
     conv = g.s.runs[run_id].conversation_id
