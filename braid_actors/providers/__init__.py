@@ -17,11 +17,19 @@ from braid_actors.providers._port import (
     TurnResult,
     WorkerInfo,
 )
+from braid_actors.providers.claude_code import (
+    CLAUDE_CODE_CAPABILITIES,
+    ClaudeCodeProvider,
+    ClaudeTimeouts,
+)
 from braid_actors.providers.local import LOCAL_CAPABILITIES, LocalProvider, LocalTimeouts
 
 __all__ = [
+    "CLAUDE_CODE_CAPABILITIES",
     "LOCAL_CAPABILITIES",
     "Capabilities",
+    "ClaudeCodeProvider",
+    "ClaudeTimeouts",
     "ContextMessage",
     "InteractionAnswer",
     "InteractionRequest",
