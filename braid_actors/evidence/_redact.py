@@ -60,12 +60,41 @@ BUILTIN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
+# Literals at least one of which every match of the built-in rule contains (matched with the
+# rule's own case flag), so a string without any of them is skipped without running the rule.
+_HINTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
+    "pem_private_key": (("PRIVATE KEY",), False),
+    "anthropic_key": (("sk-ant-",), False),
+    "openai_key": (("sk-",), False),
+    "aws_access_key_id": (("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"), False),
+    "aws_secret_access_key": (("aws_secret_access_key",), True),
+    "github_token": (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), False),
+    "gitlab_token": (("glpat-",), False),
+    "slack_token": (("xox",), False),
+    "stripe_key": (("_live_", "_test_"), False),
+    "google_api_key": (("AIza",), False),
+    "jwt": (("eyJ",), False),
+    "bearer_token": (("bearer",), True),
+    "basic_credentials": (("basic",), True),
+    "url_credentials": (("://",), False),
+    "secret_assignment": (("api", "secret", "token", "private", "passw", "credential"), True),
+}
+
+
+def _hint(kind: str) -> re.Pattern[str]:
+    literals, fold = _HINTS[kind]
+    return re.compile("|".join(map(re.escape, literals)), re.IGNORECASE if fold else 0)
+
+
 @attrs.frozen
 class _Rule:
     kind: str
     pattern: re.Pattern[str]
+    hint: re.Pattern[str] | None = None
 
     def apply(self, value: str) -> tuple[str, int]:
+        if self.hint is not None and self.hint.search(value) is None:
+            return value, 0
         marker = f"[REDACTED:{self.kind}]"
         if "keep" in self.pattern.groupindex:
             # The name or scheme stays readable; only the secret after it goes.
@@ -73,7 +102,9 @@ class _Rule:
         return self.pattern.subn(marker, value)
 
 
-_BUILTIN: Final = tuple(_Rule(kind, re.compile(source)) for kind, source in BUILTIN_PATTERNS)
+_BUILTIN: Final = tuple(
+    _Rule(kind, re.compile(source), _hint(kind)) for kind, source in BUILTIN_PATTERNS
+)
 
 
 @attrs.frozen

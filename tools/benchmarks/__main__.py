@@ -11,6 +11,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module in this package, one-line description)
+    "evidence": ("evidence", "transcript ingest vs orjson and ccusage; entry page latency"),
     "journal": ("journal", "journal actor throughput and ack latency against raw SQLite"),
     "runs": ("runs", "concurrent real runs through the supervisor; restart reconciliation"),
 }
