@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ from braid_actors.model import (
     digest,
     new_id,
 )
-from braid_actors.providers import LocalProvider, Provider
+from braid_actors.providers import ClaudeCodeProvider, LocalProvider, Provider
 from braid_actors.supervisor import (
     DEFAULT_OBSERVE_INTERVAL,
     ChildSpec,
@@ -239,6 +240,36 @@ class BraidApp:
         self.stopped.set()
 
 
+def _claude_bin(env: Mapping[str, str]) -> str | None:
+    """``BRAID_CLAUDE_BIN``, else the checkout's pinned install, else ``claude`` on PATH."""
+    if env.get("BRAID_CLAUDE_BIN"):
+        return env["BRAID_CLAUDE_BIN"]
+    pinned = Path(__file__).resolve().parents[2] / "tools/harnesses/node_modules/.bin/claude"
+    if pinned.exists():
+        return str(pinned)
+    return shutil.which("claude")
+
+
+def default_providers(home: Path, env: Mapping[str, str]) -> dict[str, Provider]:
+    """The embedded ``local`` runner, and Claude Code when its binary is installed.
+
+    Claude Code runs with its own home under the Braid home; its endpoint and API key
+    come from this process's environment (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``)
+    and are handed to the CLI only, never journaled.
+    """
+    found: dict[str, Provider] = {"local": LocalProvider(home / "runners" / "local")}
+    claude = _claude_bin(env)
+    if claude is not None:
+        extra = {k: env[k] for k in ("ANTHROPIC_API_KEY",) if env.get(k)}
+        found["claude_code"] = ClaudeCodeProvider(
+            bin=claude,
+            home=home / "runners" / "claude_code" / "home",
+            base_url=env.get("ANTHROPIC_BASE_URL") or None,
+            env=extra,
+        )
+    return found
+
+
 async def open_app(
     home: Path,
     *,
@@ -259,7 +290,7 @@ async def open_app(
     """
     await trio.Path(home).mkdir(mode=0o700, parents=True, exist_ok=True)
     key = load_or_create_key(home, env)
-    found = dict(providers or {"local": LocalProvider(home / "runners" / "local")})
+    found = dict(providers or default_providers(home, env))
     app = BraidApp(home=home, journal_path=home / "journal.sqlite3", providers=found, ids=new_id)
 
     async def runs_service(

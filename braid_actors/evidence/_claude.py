@@ -40,6 +40,7 @@ from ._parsed import (
     Draft,
     DraftLine,
     LineInfo,
+    Link,
     Outcome,
     SessionInfo,
     as_dict,
@@ -90,6 +91,8 @@ _CONFIG_KEYS: Final = {
     "model": "configuration.model",
 }
 _PENDING: Final = ""
+MAX_GROUP: Final = 64
+"""At most this many blocks of one API response are linked to each other."""
 
 
 @attrs.define(eq=False)
@@ -103,6 +106,8 @@ class _State:
     tasked: set[str] = attrs.Factory(set)
     agent_links: set[tuple[str, str]] = attrs.Factory(set)
     last_draft: dict[str, tuple[int, int]] = attrs.Factory(dict)
+    groups: dict[tuple[str, str], list[Draft]] = attrs.Factory(dict)
+    """Drafts of each API response, by (session key, ``message.id``)."""
     switched_from: str | None = None
 
 
@@ -289,6 +294,7 @@ def _tool_result(state: _State, helper: DraftLine, block: dict[str, Any], result
     out.stat(helper.session, "tool_results")
     if call is not None:
         draft.refs.append(call.key)
+        out.links.append(Link("tool_result", draft.key, call.key, "tool_use_id", call_id or ""))
     if rejected:
         approval = helper.add(
             "approval",
@@ -322,6 +328,7 @@ def _assistant(state: _State, helper: DraftLine, obj: dict[str, Any]) -> None:
     for block in blocks:
         block = as_dict(block)
         btype = block.get("type")
+        before = len(out.drafts)
         intent = {"role": "assistant", "message_id": msg_id, "model": model}
         if btype == "text":
             text = str(block.get("text", ""))
@@ -370,6 +377,10 @@ def _assistant(state: _State, helper: DraftLine, obj: dict[str, Any]) -> None:
             _tool_result(state, helper, block, None)
         else:
             out.issue("unrecognized_block", helper.line, helper.session, "message.content.type")
+            continue
+        if msg_id:
+            added = [d for d in out.drafts[before:] if d.kind != "approval"]
+            state.groups.setdefault((helper.session, msg_id), []).extend(added)
 
 
 def _progress(state: _State, obj: dict[str, Any]) -> None:
@@ -441,6 +452,14 @@ def _finish(state: _State, fallback_session: str) -> None:
         if call_id not in state.answered:
             out.issue("unmatched_tool_call", call.line, call.session)
             out.stat(call.session, "unmatched_calls")
+    for (_session, msg_id), members in state.groups.items():
+        members = members[:MAX_GROUP]
+        for one in members:
+            for other in members:
+                if one is not other and one.session == other.session:
+                    out.links.append(
+                        Link("api_response_group", one.key, other.key, "message.id", msg_id)
+                    )
     for (session, _msg), usage in state.usage.items():
         totals = out.usage.setdefault(session, Counter())
         totals["responses"] += 1

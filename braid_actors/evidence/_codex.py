@@ -40,6 +40,7 @@ from ._parsed import (
     Draft,
     DraftLine,
     LineInfo,
+    Link,
     Outcome,
     SessionInfo,
     as_dict,
@@ -409,6 +410,7 @@ def _output(state: _State, helper: DraftLine, item: dict[str, Any], *, replaceme
     )
     if call is not None:
         draft.refs.append(call.key)
+        out.links.append(Link("tool_result", draft.key, call.key, "call_id", call_id or ""))
     if replacement:
         out.stat(helper.session, "context_replacements")
         return

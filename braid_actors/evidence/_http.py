@@ -54,6 +54,7 @@ from braid_actors.errors import (
 from . import _http_views as views
 from ._http_params import CONTEXT_ROUTES, DASHBOARD_ROUTES, Param, parse_query
 from ._materialize import SCHEMA
+from ._records import compare_records
 from ._store import EvidenceStore
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _routes(dashboard: bool) -> dict[str, _Route]:
     routes = {prefix + name: _Route(params, table[name]) for name, params in CONTEXT_ROUTES.items()}
     if dashboard:
         extra: dict[str, View] = {
-            "/api/compare/records": views.compare_records,
+            "/api/compare/records": compare_records,
             "/api/search/sources": views.search_sources,
             "/api/artifact": views.artifact,
         }

@@ -84,7 +84,13 @@ CONTEXT_ROUTES: Final[dict[str, tuple[Param, ...]]] = {
 """The ``/v1/context/{name}`` routes (mirrored under ``/api/context/{name}``)."""
 
 DASHBOARD_ROUTES: Final[dict[str, tuple[Param, ...]]] = {
-    "/api/compare/records": (_RUN, _CURSOR_16K),
+    # harness and session are read only to be refused: the records cover the whole run.
+    "/api/compare/records": (
+        _RUN,
+        _CURSOR_16K,
+        Param("harness", low=1, high=128),
+        Param("session", low=1, high=512),
+    ),
     "/api/search/sources": (
         _RUN,
         Param("harness", low=1, high=128),

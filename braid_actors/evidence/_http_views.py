@@ -1,4 +1,6 @@
-"""The evidence API's reads that are more than one store call: links, compare, search, artifact.
+"""The evidence API's reads beyond a single store call: links, compare, search, artifact.
+
+Whole-run comparison records (``/api/compare/records``) are projected in :mod:`._records`.
 
 Each view is a synchronous function ``(store, values) -> dict`` run on a worker thread; the
 values are already checked against the spec's parameter bounds. Views answer only from the
@@ -50,17 +52,8 @@ def find_entry(store: EvidenceStore, run_id: str, entry_id: str) -> dict[str, An
 
 
 def links(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:
-    """``EntryLinks``: this store records no graph edges, so every entry says so explicitly."""
-    entry = find_entry(store, values["run"], values["entry"])
-    return {
-        "schema_version": SCHEMA,
-        "run_id": entry["run_id"],
-        "entry_id": entry["id"],
-        "basis": "recorded_graph_edge",
-        "links": [],
-        "has_more": False,
-        "reason": "no_recorded_graph_link",
-    }
+    """``EntryLinks``: the entry's recorded graph links (or ``no_recorded_graph_link``)."""
+    return store.links(values["run"], values["entry"])
 
 
 # ---- compare ---------------------------------------------------------------------------
@@ -196,7 +189,7 @@ def search_sources(store: EvidenceStore, values: dict[str, Any]) -> dict[str, An
     body: dict[str, Any] = {
         "schema_version": "agentprovenance.search_sources/v1",
         "run_id": page["run_id"],
-        "sources": [_search_source(entry) for entry in page["entries"]],
+        "sources": [search_source(entry) for entry in page["entries"]],
         "has_more": page["has_more"],
     }
     if harness is not None:
@@ -206,7 +199,7 @@ def search_sources(store: EvidenceStore, values: dict[str, Any]) -> dict[str, An
     return body
 
 
-def _search_source(entry: dict[str, Any]) -> dict[str, Any]:
+def search_source(entry: dict[str, Any]) -> dict[str, Any]:
     source = entry["source"]
     label = " ".join(
         str(part) for part in (entry["kind"], entry.get("tool_name") or entry.get("role")) if part
@@ -228,12 +221,6 @@ def _search_source(entry: dict[str, Any]) -> dict[str, Any]:
         if field in entry:
             item[field] = entry[field]
     return item
-
-
-def compare_records(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:
-    """Not projected by this store: a known run gets ``evidence_read_failed``, never a page."""
-    store.overview(values["run"])  # run_not_found / invalid_argument for the run itself
-    raise EvidenceReadFailed("this store does not project whole-run comparison records")
 
 
 def artifact(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from ._claude import parse_claude
 from ._codex import parse_codex
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
+from ._links import put_file_links, rebuild_run_links
 from ._local import parse_local
 from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id
 from ._objects import ObjectStore
@@ -106,6 +107,8 @@ class Ingest(Rows):
             written = self._put_entries(run_id, rows, pks)
             self._put_objects(mat)
             self._put_actions(run_id, outcome, rows, sources)
+            put_file_links(self.conn, run_id, outcome.links, rows, self.redactor.clean)
+            rebuild_run_links(self.conn, run_id)
             self._put_file(run_id, path_key, data, boundary, split.complete_end)
             reports = [
                 self._report(

@@ -218,6 +218,21 @@ class Action:
     """The body was over the relation body limit and was not read."""
 
 
+@attrs.frozen
+class Link:
+    """A graph link between two drafts of one file, and the source field that records it."""
+
+    kind: str
+    """``tool_result`` (a result and its call) or ``api_response_group`` (two blocks of one
+    API response)."""
+    source: tuple[int, int]
+    target: tuple[int, int]
+    basis: str
+    """The source field both records share: ``tool_use_id``, ``call_id`` or ``message.id``."""
+    value: str
+    """That field's value (redacted before storage)."""
+
+
 @attrs.define(eq=False)
 class Outcome:
     """Everything a parser found in one file."""
@@ -230,6 +245,7 @@ class Outcome:
     lines: list[LineInfo] = attrs.Factory(list)
     issues: list[ParseIssue] = attrs.Factory(list)
     actions: list[Action] = attrs.Factory(list)
+    links: list[Link] = attrs.Factory(list)
     stats: dict[str, Counter[str]] = attrs.Factory(dict)
     """Per session key: the derived summary counts (see ``SourceSummary``)."""
     usage: dict[str, Counter[str]] = attrs.Factory(dict)

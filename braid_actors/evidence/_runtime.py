@@ -32,6 +32,7 @@ import attrs
 from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.model import canonical_json, digest, format_time, parse_time
 
+from ._links import rebuild_runtime_links
 from ._paging import check_run
 
 if TYPE_CHECKING:
@@ -263,6 +264,7 @@ def _save(
                 "harness=COALESCE(harness, ?) WHERE event_id=?",
                 (call.tool_call_id or call.entry_id, call.session_id, call.harness, event_id),
             )
+        rebuild_runtime_links(conn, run_id)
         conn.execute(
             "INSERT INTO runtime_reports(run_id, observed_at, ref, body) VALUES (?,?,?,?)",
             (run_id, report["observed_at"], ref, canonical_json(report).decode("utf-8")),

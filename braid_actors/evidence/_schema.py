@@ -27,6 +27,13 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
                                              run the process said it belonged to
     runtime_edges(run_id, event_id, entry_id, tool_call_id, inherited, pass_ref)
     runtime_reports(pk, run_id, observed_at, ref, body)
+    links(run_id, entry_id, node_id, kind, relation, evidence)
+                                             recorded graph links (see ``_links``): from an
+                                             entry to an entry or runtime event; relation =
+                                             the spec's EntryLinks relation, or null when
+                                             the destination is neither a tool call nor a
+                                             tool result; evidence = JSON naming the source
+                                             fields and records the link rests on
 
 Every ingest writes its rows in one transaction, after the objects it cites are on disk.
 """
@@ -103,6 +110,10 @@ CREATE INDEX IF NOT EXISTS runtime_edges_run ON runtime_edges(run_id, event_id);
 CREATE TABLE IF NOT EXISTS runtime_reports(
     pk INTEGER PRIMARY KEY, run_id TEXT NOT NULL, observed_at TEXT NOT NULL,
     ref TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS links(
+    run_id TEXT NOT NULL, entry_id TEXT NOT NULL, node_id TEXT NOT NULL, kind TEXT NOT NULL,
+    relation TEXT, evidence TEXT NOT NULL, PRIMARY KEY(run_id, entry_id, node_id, kind));
+CREATE INDEX IF NOT EXISTS links_kind ON links(run_id, kind);
 """
 
 

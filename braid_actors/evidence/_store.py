@@ -25,6 +25,7 @@ from braid_actors.model import new_id
 
 from . import _runtime
 from ._ingest import Ingest
+from ._links import compaction_boundary, entry_links
 from ._materialize import SCHEMA
 from ._objects import REF_RE, ObjectStore
 from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entries_page
@@ -247,6 +248,32 @@ class EvidenceStore:
                 self._conn, self._codec, run_id, harness, session, cursor, limit
             )
 
+    def links(self, run_id: str, entry_id: str) -> dict[str, Any]:
+        """The ``EntryLinks`` of the latest revision of one entry (see :mod:`._links`)."""
+        with self._guard():
+            run_id = check_run(self._conn, run_id)
+            if not isinstance(entry_id, str) or not 1 <= len(entry_id) <= 512:
+                raise EvidenceInvalidArgument(
+                    "entry must be a string of 1 to 512 characters", details={"field": "entry"}
+                )
+            known = self._conn.execute(
+                "SELECT 1 FROM entries WHERE run_id=? AND id=? AND latest=1", (run_id, entry_id)
+            ).fetchone()
+            if known is None:
+                raise EvidenceContentNotFound("the run records no entry with this id")
+            found, more = entry_links(self._conn, run_id, entry_id)
+            body: dict[str, Any] = {
+                "schema_version": SCHEMA,
+                "run_id": run_id,
+                "entry_id": entry_id,
+                "basis": "recorded_graph_edge",
+                "links": found,
+                "has_more": more,
+            }
+            if not found:
+                body["reason"] = "no_recorded_graph_link"
+            return body
+
     def agent_links(self, run_id: str) -> list[dict[str, Any]]:
         """Claude Code subagents of the run: each Task call's agent and its sidechain sources.
 
@@ -289,7 +316,7 @@ class EvidenceStore:
                     continue
                 link: dict[str, Any] = {"agent_id": agent, "agent_source_ids": ids}
                 compact = agent.startswith("acompact")
-                boundary = self._compaction_for(run_id, ids) if compact else None
+                boundary = compaction_boundary(self._conn, run_id, ids) if compact else None
                 if boundary is not None:
                     link.update(
                         parent_entry_id=boundary["id"],
@@ -301,27 +328,6 @@ class EvidenceStore:
                     link["status"] = "parent_call_missing"
                 links.append(link)
             return links
-
-    def _compaction_for(self, run_id: str, source_ids: list[str]) -> sqlite3.Row | None:
-        """The parent's ``compact_boundary`` a compaction agent's transcript ends before."""
-        marks = ",".join("?" * len(source_ids))
-        last = self._conn.execute(
-            "SELECT MAX(json_extract(e.body, '$.recorded_at')) AS at, MIN(s.session_id) AS sid "
-            f"FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE s.id IN ({marks})",
-            source_ids,
-        ).fetchone()
-        if last is None or last["sid"] is None:
-            return None
-        row: sqlite3.Row | None = self._conn.execute(
-            "SELECT e.id, s.id AS source_id, s.session_id FROM entries e "
-            "JOIN sources s ON s.pk = e.source_pk WHERE e.run_id=? AND s.session_id=? "
-            "AND s.agent_id IS NULL AND e.kind='session' "
-            "AND json_extract(e.body, '$.status')='compact_boundary' "
-            "AND json_extract(e.body, '$.recorded_at') >= COALESCE(?, '') "
-            "ORDER BY json_extract(e.body, '$.recorded_at') LIMIT 1",
-            (run_id, last["sid"], last["at"]),
-        ).fetchone()
-        return row
 
     # ---- runtime ---------------------------------------------------------------------
 

@@ -117,7 +117,12 @@ async def test_bad_input_gets_its_own_code_and_writes_nothing(
     status = await client.ok("status")
     assert status["protocol"] == 1
     assert status["journal"]["encrypted"] is True
-    assert [r["name"] for r in status["runners"]] == ["local"]
+    runners = {r["name"]: r for r in status["runners"]}
+    assert runners["local"]["available"] is True
+    assert runners["local"]["capabilities"]["sessionsContinue"] is True
+    # The pinned Claude Code install (tools/harnesses) is found and reported honestly.
+    assert runners["claude_code"]["available"] is True
+    assert runners["claude_code"]["capabilities"]["portableContext"] is False
     assert app.admission.seq == seq_before
 
 

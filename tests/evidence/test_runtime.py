@@ -181,3 +181,28 @@ def test_edges_link_events_to_calls(store: EvidenceStore, tmp_path: Path) -> Non
     assert sorted(r[2] for r in rows) == [0, 1]  # the shell matched, its child inherited
     for event_id, _, _ in rows:
         assert store.entries(RUN, node=event_id)["entries"] == [call]
+
+
+def test_correlation_edges_are_recorded_links(store: EvidenceStore, tmp_path: Path) -> None:
+    """Each pass's edges are mirrored as runtime_process link rows (replaced by the next
+    pass), naming the pass that published them; the spec has no relation for a runtime
+    destination, so the call's served links stay its transcript links."""
+    store.ingest(_transcript(tmp_path), run_id=RUN)
+    store.record_runtime(RUN, _observations()[:2])
+    (call,) = store.entries(RUN, tool_call="toolu_1", kind="tool_call")["entries"]
+    served = store.links(RUN, call["id"])
+    for _ in range(2):
+        report = store.correlate(RUN)
+        conn = sqlite3.connect(store.home / DB_FILE)
+        try:
+            edges = conn.execute("SELECT entry_id, event_id FROM runtime_edges").fetchall()
+            links = conn.execute(
+                "SELECT entry_id, node_id, relation, evidence FROM links "
+                "WHERE kind='runtime_process'"
+            ).fetchall()
+        finally:
+            conn.close()
+        assert sorted((r[0], r[1]) for r in links) == sorted(edges)
+        assert len(edges) == 2
+        assert all(r[2] is None and json.loads(r[3])["pass_ref"] == report["ref"] for r in links)
+    assert store.links(RUN, call["id"]) == served

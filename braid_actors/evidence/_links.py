@@ -1,0 +1,249 @@
+"""Recorded graph links between entries (``/v1/context/links``), written at ingest.
+
+A link row goes from one entry of a run to a graph node of the same run (another entry, or
+a runtime event) and names the evidence it rests on; nothing is inferred from prose, paths
+or timing. The kinds:
+
+- ``tool_result``: a tool result and its call, both ways, matched by the parser on the
+  shared id (Claude ``tool_use_id``, Codex ``call_id``) within one file;
+- ``api_response_group``: two blocks of one Claude API response (the same ``message.id``);
+- ``task_agent``: every entry of a Claude subagent's sidechain file → the ``Task`` call whose
+  result or ``agent_progress`` names the agent (``agentId``), and the call → the sidechain's
+  first entry;
+- ``compaction_agent``: a compaction agent's entries → the parent's ``compact_boundary``
+  that follows them, and the boundary → the agent's first entry (the same rule as
+  ``EvidenceStore.agent_links``);
+- ``runtime_process``: a tool call → a runtime event the latest correlation pass attributed
+  to it (replaced by each pass, from ``runtime_edges``).
+
+``relation`` is the spec's ``EntryLinks`` relation, named by the destination:
+``context_tool_call`` when it is a tool-call entry, ``context_tool_result`` when it is a
+tool-result entry, and null otherwise. The spec has no relation for other destinations, so
+rows with a null relation are recorded but not served. File links are replaced for the
+file's entries on every ingest and run links rebuilt, so re-ingesting is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import sqlite3
+    from collections.abc import Callable, Iterable
+
+    from ._materialize import EntryRow
+    from ._parsed import Link
+
+FILE_KINDS: Final = ("tool_result", "api_response_group")
+RUN_KINDS: Final = ("task_agent", "compaction_agent")
+RUNTIME_KIND: Final = "runtime_process"
+MAX_LINKS: Final = 200
+RELATIONS: Final = {"tool_call": "context_tool_call", "tool_result": "context_tool_result"}
+_CHUNK: Final = 500
+
+
+def relation_of(kind: str | None) -> str | None:
+    """The spec relation of a destination entry of ``kind`` (null: not servable)."""
+    return RELATIONS.get(kind or "")
+
+
+def _evidence(**fields: Any) -> str:
+    return json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _insert(
+    conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, str, str | None, str]]
+) -> None:
+    conn.executemany(
+        "INSERT OR IGNORE INTO links(run_id, entry_id, node_id, kind, relation, evidence) "
+        "VALUES (?,?,?,?,?,?)",
+        rows,
+    )
+
+
+def put_file_links(
+    conn: sqlite3.Connection,
+    run_id: str,
+    links: list[Link],
+    rows: list[EntryRow],
+    clean: Callable[[str], str],
+) -> None:
+    """Replace the file links of these entries by the parser's links between stored rows."""
+    by_key = {(row.sequence, row.ordinal): row for row in rows}
+    ids = [row.id for row in rows]
+    marks = ",".join("?" * len(FILE_KINDS))
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        conn.execute(
+            f"DELETE FROM links WHERE run_id=? AND kind IN ({marks}) "
+            f"AND entry_id IN ({','.join('?' * len(chunk))})",
+            (run_id, *FILE_KINDS, *chunk),
+        )
+    out: list[tuple[str, str, str, str, str | None, str]] = []
+    for link in links:
+        one, other = by_key.get(link.source), by_key.get(link.target)
+        if one is None or other is None or one.id == other.id:
+            continue  # an end the policy kept no record of is not a graph node
+        evidence = _evidence(
+            basis=link.basis,
+            value=clean(link.value),
+            entries=[one.id, other.id],
+            object_hashes=[one.object_hash, other.object_hash],
+        )
+        out.append((run_id, one.id, other.id, link.kind, relation_of(other.kind), evidence))
+        if link.kind == "tool_result":
+            out.append((run_id, other.id, one.id, link.kind, relation_of(one.kind), evidence))
+    _insert(conn, out)
+
+
+def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[sqlite3.Row]:
+    marks = ",".join("?" * len(source_ids))
+    return conn.execute(
+        "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
+        f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
+        "ORDER BY e.source_pk, e.sequence, e.ordinal",
+        source_ids,
+    ).fetchall()
+
+
+def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None:
+    row = conn.execute(
+        "SELECT kind FROM entries WHERE run_id=? AND id=? AND latest=1", (run_id, entry_id)
+    ).fetchone()
+    return None if row is None else str(row["kind"])
+
+
+def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
+    """Rebuild the run's cross-file links (subagents and compaction agents)."""
+    conn.execute(
+        f"DELETE FROM links WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
+        (run_id, *RUN_KINDS),
+    )
+    sidechains: dict[str, list[str]] = {}
+    for row in conn.execute(
+        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
+        (run_id,),
+    ):
+        sidechains.setdefault(row["agent_id"], []).append(row["id"])
+    out: list[tuple[str, str, str, str, str | None, str]] = []
+    named: set[str] = set()
+    for action in conn.execute(
+        "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
+    ).fetchall():
+        agent, call = action["agent_id"], action["entry_id"]
+        named.add(agent)
+        ids = sidechains.get(agent, [])
+        if not ids:
+            continue
+        call_kind = _kind_of(conn, run_id, call)
+        members = _source_entries(conn, ids)
+        for member in members:
+            evidence = _evidence(
+                basis="agentId",
+                value=agent,
+                tool_call_id=action["tool_call_id"],
+                action_entry_id=call,
+                action_object_hash=action["object_hash"],
+                parent_source_id=action["source_id"],
+                agent_source_id=member["source_id"],
+            )
+            out.append((run_id, member["id"], call, "task_agent", relation_of(call_kind), evidence))
+            if member is members[0]:
+                out.append(
+                    (
+                        run_id,
+                        call,
+                        member["id"],
+                        "task_agent",
+                        relation_of(member["kind"]),
+                        evidence,
+                    )
+                )
+    for agent, ids in sidechains.items():
+        if agent in named or not agent.startswith("acompact"):
+            continue
+        boundary = compaction_boundary(conn, run_id, ids)
+        if boundary is None:
+            continue
+        members = _source_entries(conn, ids)
+        for member in members:
+            evidence = _evidence(
+                basis="compact_boundary_after_agent",
+                value=agent,
+                boundary_entry_id=boundary["id"],
+                parent_source_id=boundary["source_id"],
+                agent_source_id=member["source_id"],
+            )
+            out.append((run_id, member["id"], boundary["id"], "compaction_agent", None, evidence))
+            if member is members[0]:
+                out.append(
+                    (run_id, boundary["id"], member["id"], "compaction_agent", None, evidence)
+                )
+    _insert(conn, out)
+
+
+def compaction_boundary(
+    conn: sqlite3.Connection, run_id: str, source_ids: list[str]
+) -> sqlite3.Row | None:
+    """The parent's ``compact_boundary`` a compaction agent's transcript ends before."""
+    marks = ",".join("?" * len(source_ids))
+    last = conn.execute(
+        "SELECT MAX(json_extract(e.body, '$.recorded_at')) AS at, MIN(s.session_id) AS sid "
+        f"FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE s.id IN ({marks})",
+        source_ids,
+    ).fetchone()
+    if last is None or last["sid"] is None:
+        return None
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT e.id, s.id AS source_id, s.session_id FROM entries e "
+        "JOIN sources s ON s.pk = e.source_pk WHERE e.run_id=? AND s.session_id=? "
+        "AND s.agent_id IS NULL AND e.kind='session' "
+        "AND json_extract(e.body, '$.status')='compact_boundary' "
+        "AND json_extract(e.body, '$.recorded_at') >= COALESCE(?, '') "
+        "ORDER BY json_extract(e.body, '$.recorded_at') LIMIT 1",
+        (run_id, last["sid"], last["at"]),
+    ).fetchone()
+    return row
+
+
+def rebuild_runtime_links(conn: sqlite3.Connection, run_id: str) -> None:
+    """Mirror the latest correlation pass's edges as ``runtime_process`` links."""
+    conn.execute("DELETE FROM links WHERE run_id=? AND kind=?", (run_id, RUNTIME_KIND))
+    _insert(
+        conn,
+        [
+            (
+                run_id,
+                edge["entry_id"],
+                edge["event_id"],
+                RUNTIME_KIND,
+                None,
+                _evidence(
+                    basis="runtime_correlation",
+                    value=edge["tool_call_id"] or "",
+                    pass_ref=edge["pass_ref"],
+                    inherited=bool(edge["inherited"]),
+                ),
+            )
+            for edge in conn.execute(
+                "SELECT * FROM runtime_edges WHERE run_id=? ORDER BY rowid", (run_id,)
+            ).fetchall()
+        ],
+    )
+
+
+def entry_links(
+    conn: sqlite3.Connection, run_id: str, entry_id: str
+) -> tuple[list[dict[str, str]], bool]:
+    """The served links of one entry (destinations that are latest entries of the run, with
+    a spec relation), at most :data:`MAX_LINKS`, and whether more exist."""
+    rows = conn.execute(
+        "SELECT DISTINCT l.node_id, l.relation FROM links l JOIN entries e "
+        "ON e.run_id = l.run_id AND e.id = l.node_id AND e.latest = 1 "
+        "WHERE l.run_id=? AND l.entry_id=? AND l.relation IS NOT NULL "
+        "ORDER BY l.relation, l.node_id LIMIT ?",
+        (run_id, entry_id, MAX_LINKS + 1),
+    ).fetchall()
+    found = [{"node_id": r["node_id"], "relation": r["relation"]} for r in rows[:MAX_LINKS]]
+    return found, len(rows) > MAX_LINKS
