@@ -29,13 +29,14 @@ def get_conversation(state: GraphState, conversation_id: str) -> Conversation:
     return conv
 
 
-def history(state: GraphState, branch_id: str) -> list[str]:
+def history(state: GraphState, branch_id: str, *, all_attempts: bool = False) -> list[str]:
     """Message ids visible on a branch, oldest first: ancestry through its boundary + local.
 
     Ancestry is followed iteratively (boundary links can chain across branches and
     conversations); each step keeps the source's history only through the boundary message.
     Of a turn's several attempts only the chosen reply is shown (see :func:`_shown`);
     a boundary message always stays visible, so a branch's ancestry never breaks.
+    ``all_attempts`` returns every reply, selected or not (the raw sequence).
     """
     chain: list[Branch] = []
     seen: set[str] = set()
@@ -70,6 +71,8 @@ def history(state: GraphState, branch_id: str) -> list[str]:
                     ) from None
                 ids = ids[: cut + 1]
         ids.extend(branch.message_ids)
+    if all_attempts:
+        return ids
     keep = {b.source.through_message_id for b in chain if b.source is not None}
     return [mid for mid in ids if mid in keep or _shown(state, mid)]
 

@@ -117,6 +117,9 @@ class ProviderBinding:
     """The last Braid message the native session is known to contain."""
     session_digest: str | None = None
     """The provider's own digest of its session at that boundary, when it reports one."""
+    native_boundary: str | None = None
+    """The provider's own identifier of its session's last message (its boundary proof);
+    null means the same as ``boundary_message_id`` (runners that record Braid's ids)."""
 
 
 @attrs.frozen

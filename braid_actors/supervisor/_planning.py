@@ -59,15 +59,16 @@ async def plan_session(
         and provider.capabilities.sessions_continue
         and binding.boundary_message_id == boundary
     ):
+        native = binding.native_boundary or binding.boundary_message_id
         with trio.move_on_after(PROOF_DEADLINE):
             proof = await provider.prove_session(binding.session_id)
             if (
                 proof.available
-                and proof.last_message_id == binding.boundary_message_id
+                and proof.last_message_id == native
                 and (binding.session_digest is None or proof.digest == binding.session_digest)
             ):
                 return "continued", SessionRequest(
-                    binding.session_id, binding.boundary_message_id, binding.session_digest
+                    binding.session_id, native, binding.session_digest
                 )
     # No proof, a mismatch, or nothing to continue: a fresh session with copied context.
     return ("new" if boundary is None else "handed_off"), SessionRequest()

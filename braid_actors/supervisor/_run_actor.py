@@ -388,7 +388,9 @@ class RunActor:
                 runner=self._run().runner,
                 state="bound",
                 session_id=result.session_id,
-                boundary_message_id=result.session_boundary,
+                # Braid's boundary is this run's reply; the runner's proof is its own id.
+                boundary_message_id=self._run().assistant_message_id,
+                native_boundary=result.session_boundary,
                 session_digest=result.session_digest,
             )
         end, kind = _ENDINGS[result.outcome]

@@ -407,7 +407,11 @@ def check_invariants(world: World) -> None:
         assert all(mid in s.messages for mid in hist)
         assert len(hist) == len(set(hist))
         if b.source is not None and b.source.through_message_id is not None:
-            assert b.source.through_message_id in graph.history(s, b.source.branch_id)
+            # The boundary is on the source's sequence (it may since show another attempt
+            # of that turn: the child keeps the reply it branched from).
+            raw = graph.history(s, b.source.branch_id, all_attempts=True)
+            assert b.source.through_message_id in raw
+            assert b.source.through_message_id in hist
     # Terminal runs never change once terminal.
     for r, frozen in world.frozen_runs.items():
         assert converter().unstructure(s.runs[r]) == frozen

@@ -1,0 +1,90 @@
+"""Claude Code through Braid end to end: the real CLI, the scripted model on loopback.
+
+Two turns on one branch: the first is a new session; the second continues it only because
+the session file's last message proves the boundary, so the harness is handed just the
+new input and the model server sees turn 1 exactly once. Usage and cost are as the CLI
+reported them, and the run's transcript is ingested as evidence.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import trio
+
+from braid_actors.app import BraidApp, call, open_app
+from braid_actors.providers import ClaudeCodeProvider, ClaudeTimeouts, LocalProvider, Provider
+from tools.model_stub import open_model_stub, parse_script
+from tools.model_stub.harness import claude_bin
+
+MODEL = "claude-sonnet-4-5"
+
+
+async def test_two_turns_continue_the_native_session_with_only_the_new_input(
+    tmp_path: Path,
+) -> None:
+    """Turn 2 resumes the proven session: the model sees turn 1 once plus the new input."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        claude = ClaudeCodeProvider(
+            bin=str(claude_bin()),
+            home=tmp_path / "claude-home",
+            base_url=stub.url,
+            env={
+                "ANTHROPIC_API_KEY": "sk-ant-stub",
+                "NO_PROXY": "127.0.0.1,localhost",
+                "no_proxy": "127.0.0.1,localhost",
+                **proxy,
+            },
+            model=MODEL,
+            timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+        )
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "claude_code": claude,
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        conv = await call(
+            app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
+        )
+        first = await call(
+            app,
+            "submit_turn",
+            {"branchId": conv["branchId"], "text": "remember the word heliotrope"},
+        )
+        one = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 60})
+        assert one["state"] == "succeeded", one["outcome"]
+        assert one["runner"] == "claude_code"
+        assert one["sessionLabel"] == "new session"
+        assert one["usage"]["source"] == "provider"
+        assert one["usage"]["inputTokens"] is not None
+        assert one["costUsd"] is not None  # as the CLI reported it
+        assert one["traceRef"] == first["runId"]
+        assert await trio.Path(one["tracePath"]).is_file()
+        reply = app.state.messages[one["assistantMessageId"]]
+        assert "first answer" in "".join(p.text for p in reply.parts if p.kind == "text")
+
+        second = await call(
+            app, "submit_turn", {"branchId": conv["branchId"], "text": "what was the word?"}
+        )
+        two = await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 60})
+        assert two["state"] == "succeeded", two["outcome"]
+        assert two["sessionLabel"] == "resumed session"
+        assert two["providerSessionId"] == one["providerSessionId"]
+
+        model_calls = [r for r in stub.requests if r.path.startswith("/v1/messages")]
+        assert len(model_calls) == 2
+        assert all(not r.proxied for r in stub.requests)
+        turn2 = json.dumps(model_calls[1].body["messages"])
+        assert turn2.count("remember the word heliotrope") == 1
+        assert turn2.count("what was the word?") == 1
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
