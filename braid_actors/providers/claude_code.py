@@ -24,14 +24,20 @@ messages until the ``result`` line, then closes it and the CLI exits.
 
 Continuing a session first reads its transcript (:meth:`ClaudeCodeProvider.prove_session`):
 the last main-chain message uuid must equal ``expected_boundary``; an unreadable transcript
-is unverified and refused. Portable context is not supported (the CLI reorders typed
-assistant input, so it can't seed a session): a fresh session with context is refused.
+is unverified and refused.
+
+A fresh session with portable context (the CLI can't be seeded through typed stream-json
+assistant input) is written as a new native transcript by :mod:`._claude_seed` (a new
+session id, one uuid-chained record per copied message) and then run with ``--resume`` on
+it and only the new input; it is reported as a new session with copied context
+(``resumed`` false), its ``trace_path`` the transcript Braid wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -40,6 +46,7 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
+from braid_actors.providers._claude_seed import Seed, plan_seed, write_records
 from braid_actors.providers._claude_stream import (
     StreamMapper,
     find_session_file,
@@ -64,7 +71,7 @@ from braid_actors.workers import StopPolicy, WorkerProcess, open_worker
 CLAUDE_CODE_CAPABILITIES: Final = Capabilities(
     sessions_continue=True,
     sessions_fork=True,
-    portable_context=False,
+    portable_context=True,
     interaction_kinds=("permission",),
     usage="reported",
     cost=True,
@@ -148,7 +155,8 @@ class ClaudeCodeProvider:
         env.update(self.env)
         return env
 
-    def command(self, request: TurnRequest) -> list[str]:
+    def command(self, request: TurnRequest, seeded: str | None = None) -> list[str]:
+        """The CLI's argv; ``seeded``: the new session Braid wrote from portable context."""
         argv = [
             self.bin,
             "-p",
@@ -164,7 +172,9 @@ class ClaudeCodeProvider:
         model = request.model or self.model
         if model is not None:
             argv += ["--model", model]
-        if request.session.session_id is not None:
+        if seeded is not None:
+            argv += ["--resume", seeded]
+        elif request.session.session_id is not None:
             argv += ["--resume", request.session.session_id]
             if request.options.get("fork_session"):
                 argv.append("--fork-session")
@@ -177,6 +187,7 @@ class ClaudeCodeProvider:
         refusal = await self._check_session(request)
         if refusal is not None:
             return _failed(refusal, Usage(), None, request.session.session_id)
+        seed_id, seed = await self._seed(request)
         timeouts = self.timeouts
         policy = StopPolicy(
             grace=timeouts.exit_grace,
@@ -184,13 +195,13 @@ class ClaudeCodeProvider:
             kill_grace=timeouts.kill_grace,
         )
         async with open_worker(
-            self.command(request),
+            self.command(request, seed_id),
             cwd=request.workspace,
             env=self.environment(),
             policy=policy,
             max_line=MAX_LINE,
         ) as worker:
-            turn = _Turn(self, worker, request, sink, control)
+            turn = _Turn(self, worker, request, sink, control, seeded=seed_id, lead=seed.lead)
             try:
                 result = await turn.run()
             except trio.Cancelled:
@@ -209,11 +220,6 @@ class ClaudeCodeProvider:
     async def _check_session(self, request: TurnRequest) -> str | None:
         wanted = request.session
         if wanted.session_id is None:
-            if request.context is not None and request.context.messages:
-                return (
-                    "portable_context_unsupported: Claude Code can't be given a portable "
-                    "context for a fresh session"
-                )
             return None
         proof = await self.prove_session(wanted.session_id)
         if not proof.available:
@@ -224,6 +230,27 @@ class ClaudeCodeProvider:
                 f"not at {wanted.expected_boundary}"
             )
         return None
+
+    async def _seed(self, request: TurnRequest) -> tuple[str | None, Seed]:
+        """For a fresh session with portable context: write it as a new native session.
+
+        Returns the new session's id (null when nothing needs a transcript) and the plan.
+        """
+        context = request.context
+        if request.session.session_id is not None or context is None:
+            return None, Seed(records=[], lead=[])
+        session_id = str(uuid.uuid4())
+        seed = plan_seed(
+            context,
+            session_id=session_id,
+            cwd=str(request.workspace),
+            model=request.model or self.model,
+        )
+        if not seed.records:
+            return None, seed
+        path = session_file(self.config_dir, request.workspace, session_id)
+        await trio.to_thread.run_sync(write_records, path, seed.records)
+        return session_id, seed
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the CLI's transcript (never modifying it): its last message uuid."""
@@ -256,6 +283,10 @@ class _Turn:
     request: TurnRequest
     sink: RunSink
     control: RunControl | None
+    seeded: str | None = None
+    """The new session Braid wrote from portable context (run with ``--resume``)."""
+    lead: list[dict[str, Any]] = attrs.Factory(list)
+    """Copied context blocks sent before the new input, in its message."""
     mapper: StreamMapper = attrs.Factory(StreamMapper)
     session: SessionInfo | None = None
     usage: Usage = attrs.Factory(Usage)
@@ -324,10 +355,10 @@ class _Turn:
                 "type": "user",
                 "message": {
                     "role": "user",
-                    "content": [{"type": "text", "text": self.request.text}],
+                    "content": [*self.lead, {"type": "text", "text": self.request.text}],
                 },
                 "parent_tool_use_id": None,
-                "session_id": self.request.session.session_id or "",
+                "session_id": self.seeded or self.request.session.session_id or "",
             }
         )
         while True:
@@ -381,10 +412,11 @@ class _Turn:
         requested = self.request.session.session_id
         fork = bool(self.request.options.get("fork_session"))
         resumed = requested is not None and not fork
-        if resumed and session_id != requested:
+        expected = self.seeded if self.seeded is not None else requested if resumed else None
+        if expected is not None and session_id != expected:
             raise ProviderProtocolError(
                 "Claude Code resumed a different session",
-                details={"requested": requested, "reported": session_id},
+                details={"requested": expected, "reported": session_id},
             )
         trace = session_file(self.provider.config_dir, self.request.workspace, session_id)
         self.session = SessionInfo(session_id=session_id, resumed=resumed, trace_path=str(trace))

@@ -7,9 +7,11 @@ for another host would be recorded (each test asserts there was none).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -41,9 +43,6 @@ from braid_actors.providers import (
 from braid_actors.workers import ProcessInfo, process_gone
 from tools.model_stub import ModelStub, open_model_stub, parse_script
 from tools.model_stub.harness import claude_bin
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 MODEL = "claude-sonnet-4-5"
 TEST_TIMEOUT = 90.0
@@ -338,23 +337,129 @@ async def test_prove_session_without_a_transcript_is_unverified(tmp_path: Path) 
     assert not stub.requests
 
 
-async def test_portable_context_is_refused_honestly(tmp_path: Path) -> None:
-    context = PortableContext(
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def portable_context() -> PortableContext:
+    """user / assistant (reasoning, text, a tool call and its result) / user."""
+    return PortableContext(
         source_conversation_id="conv",
         source_branch_id="branch",
-        through_message_id="m1",
-        messages=(ContextMessage("m1", "user", (TextPart("p1", "earlier"),)),),
+        through_message_id="m3",
+        messages=(
+            ContextMessage("m1", "user", (TextPart("p1", "What is in the folder?"),)),
+            ContextMessage(
+                "m2",
+                "assistant",
+                (
+                    ReasoningPart("p2", "private source reasoning"),
+                    TextPart("p3", "Let me look."),
+                    ToolRequestPart("p4", "shell", {"cmd": "ls"}, call_id="call_source_1"),
+                    ToolResultPart("p5", "p4", "ok", "notes.txt", exit_code=0),
+                    TextPart("p6", "It holds notes.txt."),
+                ),
+            ),
+            ContextMessage(
+                "m3",
+                "user",
+                (
+                    TextPart("p7", "And the size?"),
+                    ToolRequestPart("p8", "shell", {"cmd": "wc -c notes.txt"}, call_id="call_2"),
+                    ToolResultPart("p9", "p8", "error", "x" * 5000, truncated=True),
+                ),
+            ),
+            ContextMessage("m4", "system", (TextPart("p10", "profile instructions"),)),
+        ),
         complete=True,
         digest="sha256:" + "0" * 64,
     )
-    async with open_model_stub(parse_script({"anthropic": []})) as stub:
+
+
+async def test_portable_context_seeds_a_new_native_session(tmp_path: Path) -> None:
+    steps = {"anthropic": [{"text": "copied answer"}, {"text": "next answer"}]}
+    async with open_model_stub(parse_script(steps)) as stub:
         adapter = provider(tmp_path, stub)
-        assert not adapter.capabilities.portable_context
-        turn = attrs.evolve(request(tmp_path, "hi"), context=context)
-        result = await run(adapter, turn, RecordingSink())
-    assert result.outcome == "failed"
-    assert result.reason is not None
-    assert result.reason.startswith("portable_context_unsupported")
+        assert adapter.capabilities.portable_context
+        turn = attrs.evolve(request(tmp_path, "Now summarize."), context=portable_context())
+        sink = RecordingSink()
+        result = await run(adapter, turn, sink)
+        assert result.outcome == "completed", result.reason
+        [session] = sink.sessions
+        assert not session.resumed  # a new session with copied context
+        assert result.session_id == session.session_id
+        assert session.trace_path is not None
+        trace = tmp_path / "home" / ".claude" / "projects"
+        assert [str(p) for p in trace.glob(f"*/{session.session_id}.jsonl")] == [session.trace_path]
+        records = read_jsonl(session.trace_path)
+        seeded = [r for r in records if "braidMessageId" in r]
+        # The transcript Braid wrote ends with the last copied assistant message (the CLI
+        # answers a trailing user record with a made-up reply); m3 leads the new input.
+        assert [(r["type"], r["braidMessageId"]) for r in seeded] == [
+            ("user", "m1"),
+            ("assistant", "m2"),
+        ]
+        assert records[: len(seeded)] == seeded
+        assert [r["parentUuid"] for r in seeded] == [None, seeded[0]["uuid"]]
+        assert {r["sessionId"] for r in seeded} == {session.session_id}
+        assert [p for p in sink.final_parts() if isinstance(p, TextPart)][-1].text == (
+            "copied answer"
+        )
+        proof = await adapter.prove_session(session.session_id)
+        assert proof.available
+        assert proof.last_message_id == result.session_boundary is not None
+        assert result.session_boundary not in {r["uuid"] for r in seeded}
+
+        # The seeded session continues like any native one.
+        again = SessionRequest(session.session_id, expected_boundary=result.session_boundary)
+        resumed = await run(adapter, request(tmp_path, "One more.", again), RecordingSink())
+        assert resumed.outcome == "completed", resumed.reason
+    assert_offline(stub)
+    first, second = (r.body for r in stub.model_requests("anthropic"))
+    copied = [
+        ("user", "What is in the folder?"),
+        (
+            "assistant",
+            'Let me look.[tool shell] {"cmd": "ls"}[result ok exit=0] notes.txtIt holds notes.txt.',
+        ),
+    ]
+    [*history, (last_role, last_text)] = conversation(first)
+    assert history == copied
+    assert last_role == "user"
+    # The third context message and the new input arrive as one user message (the API
+    # merges consecutive user content), as separate typed blocks, the new input last.
+    assert last_text.startswith(
+        'And the size?[tool shell] {"cmd": "wc -c notes.txt"}[result error]'
+    )
+    assert last_text.endswith("Now summarize.")
+    assert "(truncated)" in last_text
+    assert len(last_text) < 4200
+    blob = json.dumps(first)
+    assert blob.count("What is in the folder?") == 1  # exactly once
+    assert blob.count("It holds notes.txt.") == 1
+    for absent in ("private source reasoning", "profile instructions", "call_source_1", "call_2"):
+        assert absent not in blob
+    assert not tool_results(first)
+    texts = [b.get("text", "") for b in first["messages"][-1]["content"]]
+    texts = [t for t in texts if not t.lstrip().startswith("<system-reminder>")]
+    assert texts[:3] == [
+        "And the size?",
+        '[tool shell] {"cmd": "wc -c notes.txt"}',
+        texts[2],
+    ]
+    assert texts[2].startswith("[result error] xxx")
+    assert texts[-1] == "Now summarize."
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "user"]
+    assert [b["text"] for b in first["messages"][1]["content"]] == [
+        "Let me look.",
+        '[tool shell] {"cmd": "ls"}',
+        "[result ok exit=0] notes.txt",
+        "It holds notes.txt.",
+    ]
+    assert "No response requested." not in blob
+    assert conversation(second)[: len(copied)] == copied
+    assert conversation(second)[-1] == ("user", "One more.")
 
 
 async def test_a_model_error_fails_the_turn_with_the_message(tmp_path: Path) -> None:

@@ -1,0 +1,184 @@
+"""A portable context written as a native Claude Code session (a seed transcript).
+
+Design note. The CLI does not seed a session from typed stream-json assistant input, but
+it does resume any transcript it finds under its projects dir. So a fresh session with
+portable context is started by writing a new transcript, ``<session>.jsonl``, with one
+``user`` / ``assistant`` record per context message (uuid-chained through ``parentUuid``,
+with the fields of the CLI's own records: ``type``, ``uuid``, ``parentUuid``,
+``sessionId``, ``message``, ``cwd``, ``timestamp``, ``isSidechain``, ``userType``,
+``entrypoint``), then running the CLI with ``--resume`` on it and only the new input. It
+is a new session with copied context, never reported as resumed.
+
+Translation, per part kind (every record's ``message.content`` is a list of ``text``
+blocks; each message's role is kept):
+
+* ``text``: a text block.
+* ``reasoning``: omitted (it was the source runner's private reasoning; Claude Code's own
+  thinking blocks carry signatures a copy can't have).
+* ``tool_request``: ``[tool NAME] {canonical JSON input}`` (bounded). The source's opaque
+  call id is never written: the CLI gets no ``tool_use`` block to pair it with.
+* ``tool_result``: ``[result STATUS exit=N] summary`` (bounded, ``(truncated)`` noted).
+* ``file_input`` / ``artifact_ref``: a one-line note naming the attachment (its content is
+  not transferred).
+* ``warning`` / ``error``: ``[warning CODE] message`` / ``[error CODE] message``.
+* ``unknown``: omitted (never treated as portable text).
+
+``system`` messages are not copied: profile instructions come from the profile snapshot,
+not from transcript text. A message left with no content is skipped. The transcript ends
+with the last copied assistant message; user messages after it are sent as the leading
+content blocks of the new input's message (see :func:`plan_seed`). Each record also
+keeps its Braid message id as ``braidMessageId`` (the CLI ignores unknown fields).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from braid_actors.model import (
+    ArtifactRefPart,
+    ErrorPart,
+    FileInputPart,
+    Part,
+    TextPart,
+    ToolRequestPart,
+    ToolResultPart,
+    WarningPart,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from braid_actors.providers._port import ContextMessage, PortableContext
+
+TOOL_INPUT_LIMIT: Final = 2000
+"""Characters of a tool call's JSON input kept in its copied line."""
+TOOL_RESULT_LIMIT: Final = 4000
+"""Characters of a tool result's summary kept in its copied line."""
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " … (truncated)"
+
+
+def part_text(part: Part) -> str | None:
+    """The normalized text a part is copied as (None: not copied)."""
+    if isinstance(part, TextPart):
+        return part.text or None
+    if isinstance(part, ToolRequestPart):
+        data = json.dumps(dict(part.input), sort_keys=True, ensure_ascii=False)
+        return f"[tool {part.name}] {_bounded(data, TOOL_INPUT_LIMIT)}"
+    if isinstance(part, ToolResultPart):
+        head = f"[result {part.status}"
+        if part.exit_code is not None:
+            head += f" exit={part.exit_code}"
+        head += "]"
+        summary = _bounded(part.summary, TOOL_RESULT_LIMIT)
+        if part.truncated and len(part.summary) <= TOOL_RESULT_LIMIT:
+            summary += " … (truncated)"
+        return f"{head} {summary}" if summary else head
+    if isinstance(part, FileInputPart):
+        return f"[attachment {part.name} ({part.media_type}), content not copied]"
+    if isinstance(part, ArtifactRefPart):
+        return f"[artifact {part.ref} ({part.media_type}), content not copied]"
+    if isinstance(part, WarningPart):
+        return f"[warning {part.code}] {part.message}"
+    if isinstance(part, ErrorPart):
+        return f"[error {part.code}] {part.message}"
+    return None  # reasoning, unknown
+
+
+def message_content(message: ContextMessage) -> list[dict[str, Any]]:
+    """A context message's parts as the CLI's content blocks (all ``text``)."""
+    blocks: list[dict[str, Any]] = []
+    for part in message.parts:
+        text = part_text(part)
+        if text is not None:
+            blocks.append({"type": "text", "text": text})
+    return blocks
+
+
+@attrs.frozen
+class Seed:
+    """How a portable context enters a new Claude Code session."""
+
+    records: list[dict[str, Any]]
+    """The transcript records to write (empty: no transcript, a plain fresh session)."""
+    lead: list[dict[str, Any]]
+    """Content blocks of the context's trailing user messages, sent before the new input."""
+
+
+def plan_seed(
+    context: PortableContext,
+    *,
+    session_id: str,
+    cwd: str,
+    model: str | None,
+    now: datetime | None = None,
+) -> Seed:
+    """The transcript records (one per copied message, uuid-chained) for ``context``.
+
+    The transcript ends with the last copied assistant message: the CLI, resuming a
+    transcript that ends with a user message, would answer it with a made-up assistant
+    message, so the user messages after it lead the new input's own message instead.
+    """
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    copied = [
+        (index, message, content)
+        for index, message in enumerate(context.messages)
+        if message.role != "system"
+        for content in [message_content(message)]
+        if content
+    ]
+    last_assistant = max(
+        (n for n, (_, message, _) in enumerate(copied) if message.role == "assistant"),
+        default=-1,
+    )
+    records: list[dict[str, Any]] = []
+    parent: str | None = None
+    for index, message, content in copied[: last_assistant + 1]:
+        record_id = str(uuid.uuid4())
+        body: dict[str, Any]
+        if message.role == "user":
+            body = {"role": "user", "content": content}
+        else:
+            body = {
+                "id": f"msg_braid_{session_id.replace('-', '')[:12]}_{index:04d}",
+                "type": "message",
+                "role": "assistant",
+                "model": model or "unknown",
+                "content": content,
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }
+        records.append(
+            {
+                "parentUuid": parent,
+                "isSidechain": False,
+                "userType": "external",
+                "entrypoint": "sdk-cli",
+                "cwd": cwd,
+                "sessionId": session_id,
+                "type": message.role,
+                "message": body,
+                "uuid": record_id,
+                "timestamp": stamp,
+                "braidMessageId": message.message_id,
+            }
+        )
+        parent = record_id
+    lead = [block for _, _, content in copied[last_assistant + 1 :] for block in content]
+    return Seed(records=records, lead=lead)
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write a seed transcript at ``path`` (which must not exist yet)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("x", encoding="utf-8") as stream:
+        for record in records:
+            stream.write(json.dumps(record, ensure_ascii=False) + "\n")
