@@ -90,8 +90,14 @@ def _run_dispatched(state: GraphState, ev: RunDispatched, seq: int | None) -> No
         while at < len(local) and state.messages[local[at]].source_run_id in turn.run_ids:
             at += 1
         local.insert(at, msg.message_id)
+    if ev.edge is not None:
+        check_edge(state, ev.edge, "handed_off")
+        if ev.edge.destination_id != run.run_id or ev.session_mode != "handed_off":
+            raise IntegrityError("a handed_off edge ends at a run that copies context")
     state.messages[msg.message_id] = msg
     state.branches[branch.branch_id] = attrs.evolve(branch, message_ids=tuple(local))
+    if ev.edge is not None:
+        state.add_edge(ev.edge)
     state.runs[run.run_id] = attrs.evolve(
         run,
         state=target,

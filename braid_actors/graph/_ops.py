@@ -335,6 +335,7 @@ def dispatch(
     session_mode: SessionMode,
     at: datetime,
     ids: IdSource,
+    handed_from: str | None = None,
 ) -> RunDispatched:
     """The dispatch intent of an admitted run, with the empty reply message it will fill."""
     run = state.runs[run_id]
@@ -350,7 +351,18 @@ def dispatch(
         completeness=Completeness(state="streaming", last_event_seq=0),
         source_run_id=run_id,
     )
-    return RunDispatched(run.conversation_id, run_id, receipt, session_mode, reply, at)
+    edge = None
+    if session_mode == "handed_off" and handed_from is not None:
+        edge = make_edge(
+            ids,
+            "handed_off",
+            handed_from,
+            run_id,
+            run_id,
+            at,
+            {"runner": run.runner, "receipt": receipt},
+        )
+    return RunDispatched(run.conversation_id, run_id, receipt, session_mode, reply, at, edge)
 
 
 def retry(

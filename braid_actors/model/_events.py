@@ -177,6 +177,8 @@ class RunDispatched:
     session_mode: SessionMode
     assistant_message: Message
     at: datetime
+    edge: Edge | None = None
+    """A ``handed_off`` edge when the run starts a fresh session with copied context."""
     type: Literal["run.dispatched"] = "run.dispatched"
 
     @property

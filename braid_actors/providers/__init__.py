@@ -22,14 +22,18 @@ from braid_actors.providers.claude_code import (
     ClaudeCodeProvider,
     ClaudeTimeouts,
 )
+from braid_actors.providers.codex import CODEX_CAPABILITIES, CodexProvider, CodexTimeouts
 from braid_actors.providers.local import LOCAL_CAPABILITIES, LocalProvider, LocalTimeouts
 
 __all__ = [
     "CLAUDE_CODE_CAPABILITIES",
+    "CODEX_CAPABILITIES",
     "LOCAL_CAPABILITIES",
     "Capabilities",
     "ClaudeCodeProvider",
     "ClaudeTimeouts",
+    "CodexProvider",
+    "CodexTimeouts",
     "ContextMessage",
     "InteractionAnswer",
     "InteractionRequest",

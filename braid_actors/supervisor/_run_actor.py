@@ -131,6 +131,14 @@ class RunActor:
     async def _prepare(self, provider: Provider) -> tuple[TurnRequest, SessionMode, str]:
         return await prepare_request(self.state, self.run_id, self.limits, provider)
 
+    def _context_source(self, request: TurnRequest) -> str | None:
+        """The run whose reply ends the copied context (else the branch), for the edge."""
+        context = request.context
+        if context is None or context.through_message_id is None:
+            return None
+        through = self.state.messages[context.through_message_id]
+        return through.source_run_id or self._run().branch_id
+
     def _provider(self) -> Provider | None:
         provider = self.sup.providers.get(self._run().runner)
         return provider if provider is not None and provider.available() else None
@@ -155,6 +163,7 @@ class RunActor:
             session_mode=mode,
             at=self.sup.clock(),
             ids=self.sup.ids,
+            handed_from=self._context_source(request),
         )
         await self.sup.record(dispatched)
         crash_point("run.dispatched")

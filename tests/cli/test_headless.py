@@ -122,7 +122,7 @@ async def test_bad_input_gets_its_own_code_and_writes_nothing(
     assert runners["local"]["capabilities"]["sessionsContinue"] is True
     # The pinned Claude Code install (tools/harnesses) is found and reported honestly.
     assert runners["claude_code"]["available"] is True
-    assert runners["claude_code"]["capabilities"]["portableContext"] is False
+    assert runners["claude_code"]["capabilities"]["portableContext"] is True
     assert app.admission.seq == seq_before
 
 

@@ -1,0 +1,324 @@
+"""The codex provider driving the real Codex CLI against the scripted model stub.
+
+Each test gets a private HOME and workspace under ``tmp_path``; the provider writes its own
+``config.toml`` and builds the CLI's environment from scratch, and the proxy variables point
+at the stub so any request for another host would be recorded (each test asserts none).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from braid_actors.model import (
+    ErrorPart,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolRequestPart,
+    ToolResultPart,
+    Usage,
+)
+from braid_actors.providers import (
+    CodexProvider,
+    CodexTimeouts,
+    InteractionAnswer,
+    InteractionRequest,
+    Provider,
+    RunControl,
+    SessionInfo,
+    SessionRequest,
+    TurnRequest,
+    TurnResult,
+    WorkerInfo,
+)
+from braid_actors.workers import ProcessInfo, process_gone
+from tools.model_stub import ModelStub, open_model_stub, parse_script
+from tools.model_stub.harness import codex_bin
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+MODEL = "gpt-5.5"
+TEST_TIMEOUT = 90.0
+"""Seconds a whole turn may take (every CLI run takes about one)."""
+MARKER = "braid-tool-ok"
+
+
+@attrs.define(eq=False)
+class RecordingSink:
+    """A RunSink that records every call (Codex asks no interactions)."""
+
+    calls: list[str] = attrs.Factory(list)
+    workers: list[WorkerInfo] = attrs.Factory(list)
+    sessions: list[SessionInfo] = attrs.Factory(list)
+    parts: list[Part] = attrs.Factory(list)
+    usages: list[tuple[Usage, float | None]] = attrs.Factory(list)
+    session_seen: trio.Event = attrs.Factory(trio.Event)
+
+    async def worker_started(self, worker: WorkerInfo) -> None:
+        self.calls.append("worker_started")
+        self.workers.append(worker)
+
+    async def session(self, info: SessionInfo) -> None:
+        self.calls.append("session")
+        self.sessions.append(info)
+        self.session_seen.set()
+
+    async def part(self, part: Part) -> None:
+        self.calls.append("part")
+        self.parts.append(part)
+
+    async def interaction(self, request: InteractionRequest) -> InteractionAnswer:
+        raise AssertionError(f"Codex exec asked for an interaction: {request}")
+
+    async def usage(self, usage: Usage, cost_usd: float | None) -> None:
+        self.calls.append("usage")
+        self.usages.append((usage, cost_usd))
+
+    def final_parts(self) -> list[Part]:
+        """The last version of each part, in the order parts first appeared."""
+        latest: dict[str, Part] = {}
+        for part in self.parts:
+            latest[part.part_id] = part
+        return list(latest.values())
+
+
+def provider(tmp_path: Path, stub: ModelStub) -> CodexProvider:
+    return CodexProvider(
+        bin=str(codex_bin()),
+        home=tmp_path / "home",
+        base_url=stub.openai_base_url,
+        env={
+            "BRAID_CODEX_API_KEY": "sk-stub",
+            "BRAID_CODEX_MAX_RETRIES": "0",
+            "HTTP_PROXY": stub.url,
+            "HTTPS_PROXY": stub.url,
+            "http_proxy": stub.url,
+            "https_proxy": stub.url,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        },
+        model=MODEL,
+        timeouts=CodexTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+    )
+
+
+def request(tmp_path: Path, text: str, session: SessionRequest | None = None) -> TurnRequest:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    return TurnRequest(
+        run_id="run_1",
+        turn_id="turn_1",
+        workspace=workspace,
+        user_message_id="msg_user",
+        assistant_message_id="msg_assistant",
+        text=text,
+        session=session or SessionRequest(),
+    )
+
+
+async def run(
+    adapter: Provider, turn: TurnRequest, sink: RecordingSink, control: RunControl | None = None
+) -> TurnResult:
+    with trio.fail_after(TEST_TIMEOUT):
+        result = await adapter.run_turn(turn, sink, control)
+    for worker in sink.workers:  # nothing left behind
+        info = ProcessInfo(worker.pid, worker.create_time, worker.pgid, worker.command)
+        assert process_gone(info)
+        try:
+            os.killpg(worker.pgid, 0)
+        except ProcessLookupError:
+            pass
+        else:
+            raise AssertionError(f"process group {worker.pgid} still has members")
+    return result
+
+
+def assert_offline(stub: ModelStub) -> None:
+    assert stub.requests, "the CLI sent the model stub nothing"
+    proxied = [f"{r.method} {r.path}" for r in stub.requests if r.proxied]
+    assert not proxied, f"the CLI tried to reach other hosts: {proxied}"
+
+
+def user_texts(body: dict[str, Any]) -> list[str]:
+    """The user messages' texts of a Responses request, in order."""
+    return [
+        "".join(c.get("text", "") for c in item["content"])
+        for item in body["input"]
+        if item.get("type") == "message" and item.get("role") == "user"
+    ]
+
+
+async def test_a_text_turn_reports_parts_session_and_usage_without_cost(tmp_path: Path) -> None:
+    usage = {"input_tokens": 200, "output_tokens": 40, "cache_read_input_tokens": 50}
+    steps = {"openai": [{"thinking": "Consider.", "text": "Hello from the stub.", "usage": usage}]}
+    async with open_model_stub(parse_script(steps)) as stub:
+        adapter = provider(tmp_path, stub)
+        assert adapter.available()
+        assert adapter.name == "codex"
+        caps = adapter.capabilities
+        assert (caps.usage, caps.cost, caps.interaction_kinds) == ("reported", False, ())
+        assert caps.sessions_continue
+        assert not caps.portable_context
+        sink = RecordingSink()
+        result = await run(adapter, request(tmp_path, "Say hello."), sink)
+    assert_offline(stub)
+    assert result.outcome == "completed", result.reason
+    assert sink.calls[:2] == ["worker_started", "session"]
+    thread = sink.sessions[0].session_id
+    assert result.session_id == thread
+    assert not any(s.resumed for s in sink.sessions)
+    trace = sink.sessions[-1].trace_path
+    assert trace is not None
+    assert trace.endswith(f"-{thread}.jsonl")
+    assert trace.startswith(str(tmp_path / "home" / ".codex" / "sessions"))
+    assert sink.final_parts() == [
+        ReasoningPart(part_id=f"{thread}:item_0", text="Consider."),
+        TextPart(part_id=f"{thread}:item_1", text="Hello from the stub."),
+    ]
+    [(reported, cost)] = sink.usages
+    assert reported == Usage(
+        input_tokens=200,
+        output_tokens=40,
+        cache_read_tokens=50,
+        reasoning_tokens=0,
+        source="provider",
+    )
+    assert cost is None
+    assert (result.usage, result.cost_usd) == (reported, None)
+    proof = await adapter.prove_session(thread)
+    assert proof.available
+    assert proof.last_message_id == result.session_boundary is not None
+    [sent] = stub.model_requests("openai")
+    assert sent.body["model"] == MODEL
+    assert user_texts(sent.body)[-1] == "Say hello."
+
+
+async def test_a_shell_call_round_trips_as_command_parts(tmp_path: Path) -> None:
+    call = {"name": "exec_command", "arguments": {"cmd": f"echo {MARKER}"}, "id": "call_braid_1"}
+    steps = {"openai": [{"function_call": call}, {"text": f"It printed {MARKER}."}]}
+    async with open_model_stub(parse_script(steps)) as stub:
+        adapter = provider(tmp_path, stub)
+        sink = RecordingSink()
+        result = await run(adapter, request(tmp_path, "Run the marker."), sink)
+    assert_offline(stub)
+    assert result.outcome == "completed", result.reason
+    thread = result.session_id
+    parts = sink.final_parts()
+    [tool] = [p for p in parts if isinstance(p, ToolRequestPart)]
+    assert tool.part_id == f"{thread}:item_0"
+    assert tool.name == "command_execution"
+    assert MARKER in tool.input["command"]
+    [outcome] = [p for p in parts if isinstance(p, ToolResultPart)]
+    assert outcome.part_id == f"{tool.part_id}:result"
+    assert (outcome.request_part_id, outcome.status, outcome.exit_code) == (tool.part_id, "ok", 0)
+    assert outcome.summary.strip() == MARKER
+    assert parts[-1] == TextPart(part_id=f"{thread}:item_1", text=f"It printed {MARKER}.")
+    first, second = stub.model_requests("openai")
+    assert not [i for i in first.body["input"] if i.get("type") == "function_call_output"]
+    [output] = [i for i in second.body["input"] if i.get("type") == "function_call_output"]
+    assert output["call_id"] == "call_braid_1"
+    assert MARKER in str(output["output"])
+
+
+async def test_resume_sends_only_the_new_input_and_checks_the_boundary(tmp_path: Path) -> None:
+    steps = [{"text": "first answer"}, {"text": "second answer"}]
+    async with open_model_stub(parse_script({"openai": steps})) as stub:
+        adapter = provider(tmp_path, stub)
+        first = await run(adapter, request(tmp_path, "one"), RecordingSink())
+        assert first.outcome == "completed", first.reason
+        assert first.session_id is not None
+        assert first.session_boundary is not None
+
+        stale = SessionRequest(first.session_id, expected_boundary="not-the-end")
+        sink = RecordingSink()
+        refused = await run(adapter, request(tmp_path, "never sent", stale), sink)
+        assert refused.outcome == "failed"
+        assert refused.reason is not None
+        assert refused.reason.startswith("session_mismatch")
+        assert not sink.calls
+
+        unknown = SessionRequest("00000000-0000-4000-8000-000000000000", expected_boundary="x")
+        unverified = await run(adapter, request(tmp_path, "never sent", unknown), sink)
+        assert unverified.reason is not None
+        assert unverified.reason.startswith("session_unverified")
+        bogus = await adapter.prove_session("../../etc/passwd")
+        assert not bogus.available
+        assert not sink.calls
+        assert len(stub.model_requests("openai")) == 1
+
+        again = SessionRequest(first.session_id, expected_boundary=first.session_boundary)
+        sink = RecordingSink()
+        second = await run(adapter, request(tmp_path, "two", again), sink)
+    assert_offline(stub)
+    assert second.outcome == "completed", second.reason
+    [session] = sink.sessions
+    assert (session.session_id, session.resumed) == (first.session_id, True)
+    assert session.trace_path is not None
+    assert second.session_boundary not in (None, first.session_boundary)
+    [(usage, _)] = sink.usages  # this turn's own counts, not the thread's running total
+    assert (usage.input_tokens, usage.output_tokens) == (10, 5)
+    assert sink.final_parts() == [
+        TextPart(part_id=f"{first.session_id}:item_0", text="second answer")
+    ]
+    _, resumed = stub.model_requests("openai")
+    texts = user_texts(resumed.body)
+    assert texts.count("one") == 1
+    assert texts.count("two") == 1
+    assert texts[-1] == "two"
+    assert "never sent" not in str(resumed.body)
+
+
+async def test_a_model_error_fails_the_turn_with_the_message(tmp_path: Path) -> None:
+    failure = {"error": {"status": 400, "message": "scripted failure"}}
+    async with open_model_stub(parse_script({"fallback": failure})) as stub:
+        adapter = provider(tmp_path, stub)
+        sink = RecordingSink()
+        result = await run(adapter, request(tmp_path, "hi"), sink)
+    assert_offline(stub)
+    assert result.outcome == "failed"
+    assert result.reason is not None
+    assert result.reason.startswith("turn_failed")
+    assert "scripted failure" in result.reason
+    assert result.cost_usd is None
+    assert [r.status for r in stub.requests] == [400]
+    errors = [p for p in sink.final_parts() if isinstance(p, ErrorPart)]
+    assert errors
+    assert "scripted failure" in errors[0].message
+
+
+async def test_cancel_mid_stream_interrupts_codex(tmp_path: Path) -> None:
+    steps = {"openai": [{"text": "too late", "delay": 20}]}
+    async with open_model_stub(parse_script(steps)) as stub:
+        adapter = provider(tmp_path, stub)
+        sink = RecordingSink()
+        control = RunControl()
+        results: list[TurnResult] = []
+
+        async def turn() -> None:
+            results.append(await run(adapter, request(tmp_path, "Be slow."), sink, control))
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            with trio.fail_after(30):
+                await sink.session_seen.wait()
+                for _ in range(600):  # the model request is in flight (its answer waits)
+                    if stub.model_requests("openai"):
+                        break
+                    await trio.sleep(0.05)
+            control.request_cancel("user asked")
+    elapsed = trio.current_time() - start
+    assert_offline(stub)
+    [result] = results
+    assert elapsed < 15
+    assert (result.outcome, result.reason, result.cancel_acknowledged) == (
+        "cancelled",
+        "user asked",
+        True,
+    )
+    assert not [p for p in sink.parts if isinstance(p, TextPart) and p.text == "too late"]
