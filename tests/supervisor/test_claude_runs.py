@@ -88,3 +88,68 @@ async def test_two_turns_continue_the_native_session_with_only_the_new_input(
         assert turn2.count("what was the word?") == 1
         await app.shutdown(drain=True)
         nursery.cancel_scope.cancel()
+
+
+async def test_missing_session_file_hands_off_with_copied_context(tmp_path: Path) -> None:
+    """CF-10: the native session file is gone, so turn 2 is a new session with copied
+    context (typed history, a handed_off edge, the honest label), never 'resumed'."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        claude = ClaudeCodeProvider(
+            bin=str(claude_bin()),
+            home=tmp_path / "claude-home",
+            base_url=stub.url,
+            env={
+                "ANTHROPIC_API_KEY": "sk-ant-stub",
+                "NO_PROXY": "127.0.0.1,localhost",
+                "no_proxy": "127.0.0.1,localhost",
+                **proxy,
+            },
+            model=MODEL,
+            timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+        )
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "claude_code": claude,
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        conv = await call(
+            app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
+        )
+        first = await call(
+            app,
+            "submit_turn",
+            {"branchId": conv["branchId"], "text": "remember the word heliotrope"},
+        )
+        one = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 60})
+        assert one["state"] == "succeeded", one["outcome"]
+        await trio.Path(one["tracePath"]).unlink()  # the native session is lost
+
+        second = await call(
+            app, "submit_turn", {"branchId": conv["branchId"], "text": "what was the word?"}
+        )
+        two = await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 60})
+        assert two["state"] == "succeeded", two["outcome"]
+        assert two["sessionMode"] == "handed_off"
+        assert two["sessionLabel"] == "new session with copied context"
+        assert two["providerSessionId"] != one["providerSessionId"]
+        edges = [e for e in app.state.edges.values() if e.kind == "handed_off"]
+        assert [(e.source_id, e.destination_id) for e in edges] == [
+            (first["runId"], second["runId"])
+        ]
+        model_calls = [r for r in stub.requests if r.path.startswith("/v1/messages")]
+        messages = model_calls[1].body["messages"]
+        roles = [m["role"] for m in messages]
+        assert roles[:2] == ["user", "assistant"]  # typed history, not one flattened prompt
+        text = json.dumps(messages)
+        assert text.count("remember the word heliotrope") == 1
+        assert text.count("first answer") == 1
+        assert text.count("what was the word?") == 1
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
