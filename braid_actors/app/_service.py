@@ -41,7 +41,7 @@ from braid_actors.model import (
     digest,
     new_id,
 )
-from braid_actors.providers import ClaudeCodeProvider, LocalProvider, Provider
+from braid_actors.providers import ClaudeCodeProvider, CodexProvider, LocalProvider, Provider
 from braid_actors.supervisor import (
     DEFAULT_OBSERVE_INTERVAL,
     ChildSpec,
@@ -240,25 +240,35 @@ class BraidApp:
         self.stopped.set()
 
 
-def _claude_bin(env: Mapping[str, str]) -> str | None:
-    """``BRAID_CLAUDE_BIN``, else the checkout's pinned install, else ``claude`` on PATH."""
-    if env.get("BRAID_CLAUDE_BIN"):
-        return env["BRAID_CLAUDE_BIN"]
-    pinned = Path(__file__).resolve().parents[2] / "tools/harnesses/node_modules/.bin/claude"
+def _harness_bin(env: Mapping[str, str], variable: str, name: str) -> str | None:
+    """``$variable``, else the checkout's pinned install, else ``name`` on PATH."""
+    if env.get(variable):
+        return env[variable]
+    pinned = Path(__file__).resolve().parents[2] / "tools/harnesses/node_modules/.bin" / name
     if pinned.exists():
         return str(pinned)
-    return shutil.which("claude")
+    return shutil.which(name)
 
 
 def default_providers(home: Path, env: Mapping[str, str]) -> dict[str, Provider]:
-    """The embedded ``local`` runner, and Claude Code when its binary is installed.
+    """The embedded ``local`` runner, and Claude Code and Codex when they are installed.
 
-    Claude Code runs with its own home under the Braid home; its endpoint and API key
-    come from this process's environment (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``)
-    and are handed to the CLI only, never journaled.
+    Each CLI runs with its own home under the Braid home; endpoints and API keys come from
+    this process's environment (``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY``,
+    ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``) and are handed to the CLI only, never
+    journaled.
     """
     found: dict[str, Provider] = {"local": LocalProvider(home / "runners" / "local")}
-    claude = _claude_bin(env)
+    codex = _harness_bin(env, "BRAID_CODEX_BIN", "codex")
+    if codex is not None:
+        key = env.get("OPENAI_API_KEY")
+        found["codex"] = CodexProvider(
+            bin=codex,
+            home=home / "runners" / "codex" / "home",
+            base_url=env.get("OPENAI_BASE_URL") or None,
+            env={"BRAID_CODEX_API_KEY": key, "OPENAI_API_KEY": key} if key else {},
+        )
+    claude = _harness_bin(env, "BRAID_CLAUDE_BIN", "claude")
     if claude is not None:
         extra = {k: env[k] for k in ("ANTHROPIC_API_KEY",) if env.get(k)}
         found["claude_code"] = ClaudeCodeProvider(

@@ -123,6 +123,8 @@ async def test_bad_input_gets_its_own_code_and_writes_nothing(
     # The pinned Claude Code install (tools/harnesses) is found and reported honestly.
     assert runners["claude_code"]["available"] is True
     assert runners["claude_code"]["capabilities"]["portableContext"] is True
+    assert runners["codex"]["available"] is True
+    assert runners["codex"]["capabilities"]["cost"] is False  # Codex reports no cost
     assert app.admission.seq == seq_before
 
 

@@ -1,0 +1,81 @@
+"""Codex through Braid end to end: the real CLI against the scripted Responses API.
+
+Turn 2 continues the thread only because the rollout's last item proves the boundary; the
+harness is handed the new input alone and the model server sees turn 1's prompt once.
+Codex reports tokens but no cost, so the run's cost stays null (unknown), never 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import trio
+
+from braid_actors.app import BraidApp, call, open_app
+from braid_actors.providers import CodexProvider, CodexTimeouts, LocalProvider, Provider
+from tools.model_stub import open_model_stub, parse_script
+from tools.model_stub.harness import codex_bin
+
+
+async def test_two_codex_turns_continue_the_thread_with_only_the_new_input(
+    tmp_path: Path,
+) -> None:
+    """Turn 2 resumes the proven thread; usage is reported, cost is honestly null."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    script = parse_script({"openai": [{"text": "first answer"}, {"text": "second answer"}]})
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        codex = CodexProvider(
+            bin=str(codex_bin()),
+            home=tmp_path / "codex-home",
+            base_url=stub.openai_base_url,
+            env={
+                "BRAID_CODEX_API_KEY": "sk-stub",
+                "BRAID_CODEX_MAX_RETRIES": "0",
+                "NO_PROXY": "127.0.0.1,localhost",
+                "no_proxy": "127.0.0.1,localhost",
+                **proxy,
+            },
+            model="gpt-5.5",
+            timeouts=CodexTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+        )
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "codex": codex,
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        conv = await call(
+            app, "create_conversation", {"workspace": str(workspace), "runner": "codex"}
+        )
+        first = await call(
+            app,
+            "submit_turn",
+            {"branchId": conv["branchId"], "text": "remember the word heliotrope"},
+        )
+        one = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 60})
+        assert one["state"] == "succeeded", one["outcome"]
+        assert one["sessionLabel"] == "new session"
+        assert one["usage"]["source"] == "provider"
+        assert one["usage"]["inputTokens"] is not None
+        assert one["costUsd"] is None
+        second = await call(
+            app, "submit_turn", {"branchId": conv["branchId"], "text": "what was the word?"}
+        )
+        two = await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 60})
+        assert two["state"] == "succeeded", two["outcome"]
+        assert two["sessionLabel"] == "resumed session"
+        assert two["providerSessionId"] == one["providerSessionId"]
+        model_calls = [r for r in stub.requests if r.path.startswith("/v1/responses")]
+        assert len(model_calls) == 2
+        assert all(not r.proxied for r in stub.requests)
+        turn2 = json.dumps(model_calls[1].body["input"])
+        assert turn2.count("remember the word heliotrope") == 1
+        assert turn2.count("what was the word?") == 1
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
