@@ -22,6 +22,31 @@ from tools.model_stub.harness import claude_bin
 MODEL = "claude-sonnet-4-5"
 
 
+def _claude(tmp_path: Path, url: str) -> ClaudeCodeProvider:
+    proxy = {k: url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    return ClaudeCodeProvider(
+        bin=str(claude_bin()),
+        home=tmp_path / "claude-home",
+        base_url=url,
+        env={
+            "ANTHROPIC_API_KEY": "sk-ant-stub",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+            **proxy,
+        },
+        model=MODEL,
+        timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+    )
+
+
+async def _wait_blocked(app: BraidApp, run_id: str) -> dict[str, object]:
+    with trio.fail_after(60):
+        while app.run(run_id).state != "blocked":
+            await app.changed()
+    pending = [i for i in app.run(run_id).interactions if i.state == "pending"]
+    return {"interactionId": pending[0].interaction_id, "subject": dict(pending[0].subject)}
+
+
 async def test_two_turns_continue_the_native_session_with_only_the_new_input(
     tmp_path: Path,
 ) -> None:
@@ -31,23 +56,9 @@ async def test_two_turns_continue_the_native_session_with_only_the_new_input(
     home = tmp_path / "home"
     script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-        claude = ClaudeCodeProvider(
-            bin=str(claude_bin()),
-            home=tmp_path / "claude-home",
-            base_url=stub.url,
-            env={
-                "ANTHROPIC_API_KEY": "sk-ant-stub",
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
-                **proxy,
-            },
-            model=MODEL,
-            timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
-        )
         providers: dict[str, Provider] = {
             "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": claude,
+            "claude_code": _claude(tmp_path, stub.url),
         }
         app: BraidApp = await nursery.start(
             functools.partial(open_app, home, env={}, providers=providers)
@@ -98,23 +109,9 @@ async def test_missing_session_file_hands_off_with_copied_context(tmp_path: Path
     home = tmp_path / "home"
     script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-        claude = ClaudeCodeProvider(
-            bin=str(claude_bin()),
-            home=tmp_path / "claude-home",
-            base_url=stub.url,
-            env={
-                "ANTHROPIC_API_KEY": "sk-ant-stub",
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
-                **proxy,
-            },
-            model=MODEL,
-            timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
-        )
         providers: dict[str, Provider] = {
             "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": claude,
+            "claude_code": _claude(tmp_path, stub.url),
         }
         app: BraidApp = await nursery.start(
             functools.partial(open_app, home, env={}, providers=providers)
@@ -151,5 +148,60 @@ async def test_missing_session_file_hands_off_with_copied_context(tmp_path: Path
         assert text.count("remember the word heliotrope") == 1
         assert text.count("first answer") == 1
         assert text.count("what was the word?") == 1
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
+
+
+async def test_permission_answers_through_respond_interaction(tmp_path: Path) -> None:
+    """Claude Code's permission request is a Braid interaction: allow runs the tool, deny
+    does not, and the run's parts show which."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    bash = {"name": "Bash", "input": {"command": "touch braid-marker", "description": "m"}}
+    script = parse_script(
+        {
+            "anthropic": [
+                {"tool_use": bash},
+                {"text": "done"},
+                {"tool_use": bash},
+                {"text": "not done"},
+            ]
+        }
+    )
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "claude_code": _claude(tmp_path, stub.url),
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        results = {}
+        for allow in (False, True):
+            conv = await call(
+                app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
+            )
+            sent = await call(
+                app, "submit_turn", {"branchId": conv["branchId"], "text": "make the marker"}
+            )
+            asked = await _wait_blocked(app, sent["runId"])
+            assert asked["subject"]["command"] == "touch braid-marker"  # type: ignore[index]
+            assert not await trio.Path(workspace / "braid-marker").exists()
+            await call(
+                app,
+                "respond_interaction",
+                {
+                    "runId": sent["runId"],
+                    "interactionId": asked["interactionId"],
+                    "answer": {"allow": allow, "message": None if allow else "not now"},
+                },
+            )
+            record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 60})
+            assert record["state"] == "succeeded", record["outcome"]
+            reply = app.state.messages[record["assistantMessageId"]]
+            results[allow] = [p.status for p in reply.parts if p.kind == "tool_result"]
+            assert await trio.Path(workspace / "braid-marker").exists() is allow
+        assert results == {False: ["denied"], True: ["ok"]}
         await app.shutdown(drain=True)
         nursery.cancel_scope.cancel()
