@@ -205,3 +205,35 @@ async def test_permission_answers_through_respond_interaction(tmp_path: Path) ->
         assert results == {False: ["denied"], True: ["ok"]}
         await app.shutdown(drain=True)
         nursery.cancel_scope.cancel()
+
+
+async def test_cost_limit_uses_the_cost_the_runner_reported(tmp_path: Path) -> None:
+    """A cost limit is checked against Claude Code's reported total_cost_usd."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    script = parse_script({"anthropic": [{"text": "an answer"}]})
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "claude_code": _claude(tmp_path, stub.url),
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        conv = await call(
+            app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
+        )
+        await call(
+            app, "set_run_override", {"branchId": conv["branchId"], "limits": {"costUsd": 0.00001}}
+        )
+        sent = await call(app, "submit_turn", {"branchId": conv["branchId"], "text": "hi"})
+        record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 60})
+        outcome = record["outcome"]
+        assert record["state"] == "failed"
+        assert outcome["kind"] == "spend_limit_exceeded"
+        assert outcome["dimension"] == "cost_usd"
+        assert outcome["measured"] == record["costUsd"]
+        assert outcome["measured"] > outcome["limit"]
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
