@@ -24,10 +24,13 @@ its stdin is closed at once (as ``/dev/null``: exec reads no more input).
 
 Continuing first reads the rollout (:meth:`CodexProvider.prove_session`): its last
 ``response_item`` id must equal ``expected_boundary``, else the turn is refused before any
-process starts. Portable context is not supported: ``exec`` takes one text prompt, so typed
-earlier messages (roles, tool calls) could only be flattened into text, not seeded as the
-thread's history; a fresh session with context is refused. ``exec`` with approvals
-``never`` asks nothing, so there are no interactions.
+process starts. ``exec`` with approvals ``never`` asks nothing, so there are no interactions.
+
+A fresh session with portable context (``exec`` takes one text prompt) is written as a new
+rollout by :mod:`._codex_seed` (a new thread id, one typed ``response_item`` message per
+copied message) and then run as ``exec resume`` on that thread with only the new input;
+``resume`` sends the model the rollout's items before it. It is reported as a new session
+with copied context (``resumed`` false), its ``trace_path`` the rollout Braid wrote.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
+from braid_actors.providers._codex_seed import (
+    new_thread_id,
+    plan_rollout,
+    rollout_path,
+    write_rollout,
+)
 from braid_actors.providers._codex_stream import (
     EventMapper,
     Totals,
@@ -67,7 +76,7 @@ from braid_actors.workers import StopPolicy, WorkerProcess, open_worker
 CODEX_CAPABILITIES: Final = Capabilities(
     sessions_continue=True,
     sessions_fork=False,
-    portable_context=False,
+    portable_context=True,
     interaction_kinds=(),
     usage="reported",
     cost=False,
@@ -194,10 +203,12 @@ class CodexProvider:
         env.update(self.env)
         return env
 
-    def command(self, request: TurnRequest) -> list[str]:
+    def command(self, request: TurnRequest, seeded: str | None = None) -> list[str]:
+        """The CLI's argv; ``seeded``: the new thread Braid wrote from portable context."""
         argv = [self.bin, "exec", "--json", "--skip-git-repo-check"]
-        if request.session.session_id is not None:
-            argv += ["resume", request.session.session_id]
+        thread = seeded if seeded is not None else request.session.session_id
+        if thread is not None:
+            argv += ["resume", thread]
         # "--" ends the options: a prompt starting with "-" stays the prompt.
         return [*argv, "--", request.text]
 
@@ -209,6 +220,7 @@ class CodexProvider:
         if isinstance(checked, str):
             return _failed(checked, Usage(), request.session.session_id)
         self.write_config(request.model or self.model)
+        seeded = await self._seed(request)
         timeouts = self.timeouts
         policy = StopPolicy(
             grace=timeouts.exit_grace,
@@ -216,7 +228,7 @@ class CodexProvider:
             kill_grace=timeouts.kill_grace,
         )
         async with open_worker(
-            self.command(request),
+            self.command(request, seeded),
             cwd=request.workspace,
             env=self.environment(),
             policy=policy,
@@ -225,7 +237,7 @@ class CodexProvider:
             stdin = worker.process.stdin
             if stdin is not None:  # nothing more to read: the prompt is in argv
                 await stdin.aclose()
-            turn = _Turn(self, worker, request, sink, control, baseline=checked)
+            turn = _Turn(self, worker, request, sink, control, baseline=checked, seeded=seeded)
             try:
                 result = await turn.run()
             except trio.Cancelled:
@@ -247,11 +259,6 @@ class CodexProvider:
         """A refusal, or the thread's usage total before this turn."""
         wanted = request.session
         if wanted.session_id is None:
-            if request.context is not None and request.context.messages:
-                return (
-                    "portable_context_unsupported: codex exec takes one text prompt and "
-                    "can't be given a portable context for a fresh session"
-                )
             return Totals()
         if not is_codex_thread_id(wanted.session_id):
             return "session_unverified: not a Codex thread id"
@@ -271,6 +278,27 @@ class CodexProvider:
                 f"not at {wanted.expected_boundary}"
             )
         return end.totals
+
+    async def _seed(self, request: TurnRequest) -> str | None:
+        """For a fresh session with portable context: write it as a new thread's rollout.
+
+        Returns the new thread's id (null when there is nothing to copy).
+        """
+        context = request.context
+        if request.session.session_id is not None or context is None:
+            return None
+        thread = new_thread_id()
+        lines = plan_rollout(
+            context,
+            thread_id=thread,
+            cwd=str(request.workspace),
+            model_provider="braid" if self.base_url is not None else "openai",
+        )
+        if not lines:
+            return None
+        path = rollout_path(self.codex_home, thread)
+        await trio.to_thread.run_sync(write_rollout, path, lines)
+        return thread
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the thread's rollout (never modifying it): its last ``response_item`` id."""
@@ -310,6 +338,8 @@ class _Turn:
     sink: RunSink
     control: RunControl | None
     baseline: Totals
+    seeded: str | None = None
+    """The new thread Braid wrote from portable context (run with ``resume``)."""
     mapper: EventMapper = attrs.Factory(EventMapper)
     session: SessionInfo | None = None
     usage: Usage = attrs.Factory(Usage)
@@ -411,10 +441,11 @@ class _Turn:
         if not isinstance(thread, str) or not is_codex_thread_id(thread):
             raise ProviderProtocolError("Codex's thread.started names no thread id")
         requested = self.request.session.session_id
-        if requested is not None and thread != requested:
+        expected = self.seeded if self.seeded is not None else requested
+        if expected is not None and thread != expected:
             raise ProviderProtocolError(
                 "Codex resumed a different thread",
-                details={"requested": requested, "reported": thread},
+                details={"requested": expected, "reported": thread},
             )
         self.mapper.thread_id = thread
         trace = find_rollout(self.provider.codex_home, thread)

@@ -7,8 +7,10 @@ at the stub so any request for another host would be recorded (each test asserts
 
 from __future__ import annotations
 
+import json
 import os
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -25,8 +27,10 @@ from braid_actors.model import (
 from braid_actors.providers import (
     CodexProvider,
     CodexTimeouts,
+    ContextMessage,
     InteractionAnswer,
     InteractionRequest,
+    PortableContext,
     Provider,
     RunControl,
     SessionInfo,
@@ -38,9 +42,6 @@ from braid_actors.providers import (
 from braid_actors.workers import ProcessInfo, process_gone
 from tools.model_stub import ModelStub, open_model_stub, parse_script
 from tools.model_stub.harness import codex_bin
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 MODEL = "gpt-5.5"
 TEST_TIMEOUT = 90.0
@@ -163,7 +164,7 @@ async def test_a_text_turn_reports_parts_session_and_usage_without_cost(tmp_path
         caps = adapter.capabilities
         assert (caps.usage, caps.cost, caps.interaction_kinds) == ("reported", False, ())
         assert caps.sessions_continue
-        assert not caps.portable_context
+        assert caps.portable_context
         sink = RecordingSink()
         result = await run(adapter, request(tmp_path, "Say hello."), sink)
     assert_offline(stub)
@@ -322,3 +323,140 @@ async def test_cancel_mid_stream_interrupts_codex(tmp_path: Path) -> None:
         True,
     )
     assert not [p for p in sink.parts if isinstance(p, TextPart) and p.text == "too late"]
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def portable_context() -> PortableContext:
+    """user / assistant (reasoning, text, a tool call and its result) / user / system."""
+    return PortableContext(
+        source_conversation_id="conv",
+        source_branch_id="branch",
+        through_message_id="m4",
+        messages=(
+            ContextMessage("m1", "user", (TextPart("p1", "What is in the folder?"),)),
+            ContextMessage(
+                "m2",
+                "assistant",
+                (
+                    ReasoningPart("p2", "private source reasoning"),
+                    TextPart("p3", "Let me look."),
+                    ToolRequestPart("p4", "shell", {"cmd": "ls"}, call_id="call_source_1"),
+                    ToolResultPart("p5", "p4", "ok", "notes.txt", exit_code=0),
+                    TextPart("p6", "It holds notes.txt."),
+                ),
+            ),
+            ContextMessage(
+                "m3",
+                "user",
+                (
+                    TextPart("p7", "And the size?"),
+                    ToolRequestPart("p8", "shell", {"cmd": "wc -c notes.txt"}, call_id="call_2"),
+                    ToolResultPart("p9", "p8", "error", "x" * 5000, truncated=True),
+                ),
+            ),
+            ContextMessage("m4", "system", (TextPart("p10", "profile instructions"),)),
+        ),
+        complete=True,
+        digest="sha256:" + "0" * 64,
+    )
+
+
+def conversation(body: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The user / assistant messages of a Responses request: role, typed content blocks."""
+    return [
+        (item["role"], [(c["type"], c.get("text", "")) for c in item["content"]])
+        for item in body["input"]
+        if item.get("type") == "message" and item.get("role") in ("user", "assistant")
+    ]
+
+
+async def test_portable_context_seeds_a_new_thread(tmp_path: Path) -> None:
+    steps = {"openai": [{"text": "copied answer"}, {"text": "next answer"}]}
+    async with open_model_stub(parse_script(steps)) as stub:
+        adapter = provider(tmp_path, stub)
+        assert adapter.capabilities.portable_context
+        turn = attrs.evolve(request(tmp_path, "Now summarize."), context=portable_context())
+        sink = RecordingSink()
+        result = await run(adapter, turn, sink)
+        assert result.outcome == "completed", result.reason
+        [session] = sink.sessions  # the rollout exists from the start
+        assert not session.resumed  # a new thread with copied context
+        thread = session.session_id
+        assert result.session_id == thread
+        assert sink.workers[0].command[-4:] == ("resume", thread, "--", "Now summarize.")
+        sessions = tmp_path / "home" / ".codex" / "sessions"
+        rollouts = [str(p) for p in sessions.glob("*/*/*/rollout-*.jsonl")]
+        trace = session.trace_path
+        assert trace is not None
+        assert rollouts == [trace]
+        assert trace.endswith(f"-{thread}.jsonl")
+        lines = read_jsonl(trace)
+        assert lines[0]["type"] == "session_meta"
+        assert lines[0]["payload"]["id"] == thread
+        assert lines[0]["payload"]["cwd"] == str(tmp_path / "workspace")
+        seeded = [line["payload"] for line in lines[1:4]]
+        assert [(item["type"], item["role"]) for item in seeded] == [
+            ("message", "user"),
+            ("message", "assistant"),
+            ("message", "user"),
+        ]
+        assert [p for p in sink.final_parts() if isinstance(p, TextPart)] == [
+            TextPart(part_id=f"{thread}:item_0", text="copied answer")
+        ]
+        proof = await adapter.prove_session(thread)
+        assert proof.available
+        assert proof.last_message_id == result.session_boundary is not None
+
+        # The seeded thread continues like any native one (the history is not copied again).
+        again = SessionRequest(thread, expected_boundary=result.session_boundary)
+        later = RecordingSink()
+        resumed = await run(adapter, request(tmp_path, "One more.", again), later)
+        assert resumed.outcome == "completed", resumed.reason
+        assert [(s.session_id, s.resumed) for s in later.sessions] == [(thread, True)]
+    assert_offline(stub)
+    first, second = (r.body for r in stub.model_requests("openai"))
+    copied = [
+        ("user", [("input_text", "What is in the folder?")]),
+        (
+            "assistant",
+            [
+                ("output_text", "Let me look."),
+                ("output_text", '[tool shell] {"cmd": "ls"}'),
+                ("output_text", "[result ok exit=0] notes.txt"),
+                ("output_text", "It holds notes.txt."),
+            ],
+        ),
+    ]
+    talk = conversation(first)
+    assert talk[:2] == copied  # the copied history comes first, as typed messages in order
+    role, blocks = talk[2]
+    assert role == "user"
+    assert [kind for kind, _ in blocks] == ["input_text"] * 3
+    assert blocks[:2] == [
+        ("input_text", "And the size?"),
+        ("input_text", '[tool shell] {"cmd": "wc -c notes.txt"}'),
+    ]
+    assert blocks[2][1].startswith("[result error] xxx")
+    assert "(truncated)" in blocks[2][1]
+    assert len(blocks[2][1]) < 4200
+    # Then Codex's own context for the turn, then the new input, last.
+    assert talk[-1] == ("user", [("input_text", "Now summarize.")])
+    between = [text for _, texts in talk[3:-1] for _, text in texts]
+    assert all(text.lstrip().startswith("<") for text in between), between
+    blob = json.dumps(first)
+    for once in ("What is in the folder?", "It holds notes.txt.", "And the size?"):
+        assert blob.count(once) == 1, once  # exactly once
+    assert blob.count("Now summarize.") == 1
+    for absent in ("private source reasoning", "profile instructions", "call_source_1", "call_2"):
+        assert absent not in blob
+    assert not [i for i in first["input"] if i.get("type") != "message"]
+
+    later_talk = conversation(second)
+    assert later_talk[:3] == talk[:3]
+    assert json.dumps(second).count("What is in the folder?") == 1
+    assert ("assistant", [("output_text", "copied answer")]) in later_talk
+    assert user_texts(second)[-1] == "One more."
