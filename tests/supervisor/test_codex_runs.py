@@ -79,3 +79,74 @@ async def test_two_codex_turns_continue_the_thread_with_only_the_new_input(
         assert turn2.count("what was the word?") == 1
         await app.shutdown(drain=True)
         nursery.cancel_scope.cancel()
+
+
+async def test_lost_codex_rollout_hands_off_with_copied_context(tmp_path: Path) -> None:
+    """CF-10 on Codex: the rollout is gone, so turn 2 starts a new thread seeded with the
+    typed history, with a handed_off edge and the honest label — never 'resumed'."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    home = tmp_path / "home"
+    script = parse_script({"openai": [{"text": "first answer"}, {"text": "second answer"}]})
+    async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
+        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        codex = CodexProvider(
+            bin=str(codex_bin()),
+            home=tmp_path / "codex-home",
+            base_url=stub.openai_base_url,
+            env={
+                "BRAID_CODEX_API_KEY": "sk-stub",
+                "BRAID_CODEX_MAX_RETRIES": "0",
+                "NO_PROXY": "127.0.0.1,localhost",
+                "no_proxy": "127.0.0.1,localhost",
+                **proxy,
+            },
+            model="gpt-5.5",
+            timeouts=CodexTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
+        )
+        providers: dict[str, Provider] = {
+            "local": LocalProvider(home / "runners" / "local"),
+            "codex": codex,
+        }
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, home, env={}, providers=providers)
+        )
+        conv = await call(
+            app, "create_conversation", {"workspace": str(workspace), "runner": "codex"}
+        )
+        first = await call(
+            app,
+            "submit_turn",
+            {"branchId": conv["branchId"], "text": "remember the word heliotrope"},
+        )
+        one = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 60})
+        assert one["state"] == "succeeded", one["outcome"]
+        await trio.Path(one["tracePath"]).unlink()  # the native thread is lost
+        second = await call(
+            app, "submit_turn", {"branchId": conv["branchId"], "text": "what was the word?"}
+        )
+        two = await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 60})
+        assert two["state"] == "succeeded", two["outcome"]
+        assert two["sessionLabel"] == "new session with copied context"
+        assert two["providerSessionId"] != one["providerSessionId"]
+        edges = [e for e in app.state.edges.values() if e.kind == "handed_off"]
+        assert [(e.source_id, e.destination_id) for e in edges] == [
+            (first["runId"], second["runId"])
+        ]
+        model_calls = [r for r in stub.requests if r.path.startswith("/v1/responses")]
+        items = model_calls[1].body["input"]
+        copied = [
+            i
+            for i in items
+            if i.get("type") == "message"
+            and i.get("role") in ("user", "assistant")
+            and "environment_context" not in json.dumps(i)
+        ]
+        roles = [i["role"] for i in copied]
+        assert roles[:2] == ["user", "assistant"]  # typed history, not a flattened prompt
+        text = json.dumps(items)
+        assert text.count("remember the word heliotrope") == 1
+        assert text.count("first answer") == 1
+        assert text.count("what was the word?") == 1
+        await app.shutdown(drain=True)
+        nursery.cancel_scope.cancel()
