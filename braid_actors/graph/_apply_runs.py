@@ -149,6 +149,9 @@ def _run_session_reported(state: GraphState, ev: RunSessionReported, seq: int | 
         trace_path=ev.trace_path,
         events=counted(run, seq),
         provider_cursor=_with_cursor(run, ev.cursor),
+        context_receipt=(
+            ev.context_receipt if ev.context_receipt is not None else run.context_receipt
+        ),
     )
 
 

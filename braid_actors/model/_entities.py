@@ -240,6 +240,43 @@ class RunEvents:
 
 
 @attrs.frozen
+class ContextOmission:
+    """A part of portable context the destination runner was not given."""
+
+    message_id: str
+    part_id: str
+    kind: str
+    """The part's kind (``reasoning``, ``unknown``; ``*`` for a whole system message)."""
+    reason: str
+
+
+@attrs.frozen
+class ContextTransformation:
+    """A part of portable context the destination runner was given in a changed form."""
+
+    message_id: str
+    part_id: str
+    kind: str
+    how: str
+
+
+@attrs.frozen
+class ContextTransferReceipt:
+    """What a fresh native session was given of a portable context (by stable part id)."""
+
+    source_digest: str
+    """The :class:`PortableContext` digest the transfer was made from."""
+    included_message_ids: tuple[str, ...]
+    """Messages that entered the session (with at least one part, possibly transformed)."""
+    omitted_parts: tuple[ContextOmission, ...]
+    transformed_parts: tuple[ContextTransformation, ...]
+    estimated_input_tokens: int | None
+    """Null: the estimate is unavailable."""
+    destination_runner: str
+    destination_session_id: str
+
+
+@attrs.frozen
 class Run:
     """One admitted execution attempt for a turn."""
 
@@ -281,6 +318,8 @@ class Run:
     children_complete: bool = True
     provider_cursor: int = 0
     """How many provider messages (local runner spool lines) are committed for this run."""
+    context_receipt: ContextTransferReceipt | None = None
+    """What the fresh native session was given of the portable context (null: none given)."""
 
 
 @attrs.frozen

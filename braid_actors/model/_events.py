@@ -15,6 +15,7 @@ import attrs
 
 from braid_actors.model._entities import (
     Branch,
+    ContextTransferReceipt,
     Conversation,
     Edge,
     Environment,
@@ -216,6 +217,8 @@ class RunSessionReported:
     at: datetime
     cursor: int | None = None
     """Provider message position this event came from (for replay after restart)."""
+    context_receipt: ContextTransferReceipt | None = None
+    """What a fresh session was given of the portable context (null: none, or unknown)."""
     type: Literal["run.session_reported"] = "run.session_reported"
 
     @property

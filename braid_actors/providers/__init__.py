@@ -3,6 +3,7 @@
 from braid_actors.providers._port import (
     Capabilities,
     ContextMessage,
+    ContextTransferReceipt,
     InteractionAnswer,
     InteractionRequest,
     PortableContext,
@@ -35,6 +36,7 @@ __all__ = [
     "CodexProvider",
     "CodexTimeouts",
     "ContextMessage",
+    "ContextTransferReceipt",
     "InteractionAnswer",
     "InteractionRequest",
     "LocalProvider",

@@ -28,6 +28,9 @@ not from transcript text. A message left with no content is skipped. The transcr
 with the last copied assistant message; user messages after it are sent as the leading
 content blocks of the new input's message (see :func:`plan_seed`). Each record also
 keeps its Braid message id as ``braidMessageId`` (the CLI ignores unknown fields).
+
+While it copies, the seed notes every omitted and transformed part by its stable part id
+in a :class:`CopyReport`, which becomes the session's ``ContextTransferReceipt``.
 """
 
 from __future__ import annotations
@@ -41,9 +44,13 @@ import attrs
 
 from braid_actors.model import (
     ArtifactRefPart,
+    ContextOmission,
+    ContextTransferReceipt,
+    ContextTransformation,
     ErrorPart,
     FileInputPart,
     Part,
+    ReasoningPart,
     TextPart,
     ToolRequestPart,
     ToolResultPart,
@@ -92,14 +99,92 @@ def part_text(part: Part) -> str | None:
     return None  # reasoning, unknown
 
 
-def message_content(message: ContextMessage) -> list[dict[str, Any]]:
-    """A context message's parts as the CLI's content blocks (all ``text``)."""
-    blocks: list[dict[str, Any]] = []
+SYSTEM_OMITTED: Final = "system message: instructions come from the profile snapshot"
+
+
+def _omission_reason(part: Part) -> str:
+    if isinstance(part, ReasoningPart):
+        return "the source runner's private reasoning is not transferred"
+    if isinstance(part, TextPart):
+        return "empty text"
+    return "not portable: no shared translation for this part"
+
+
+def _transformation(part: Part) -> str | None:
+    """How a copied part's text differs from the part (None: copied unchanged)."""
+    if isinstance(part, ToolRequestPart):
+        how = "tool call as a text line; the source's call id is not reused"
+        if len(json.dumps(dict(part.input), sort_keys=True, ensure_ascii=False)) > (
+            TOOL_INPUT_LIMIT
+        ):
+            how += "; input truncated"
+        return how
+    if isinstance(part, ToolResultPart):
+        how = "tool result as a bounded text summary"
+        if part.truncated or len(part.summary) > TOOL_RESULT_LIMIT:
+            how += "; truncated"
+        return how
+    if isinstance(part, FileInputPart | ArtifactRefPart):
+        return "a note naming the attachment; its content is not copied"
+    if isinstance(part, WarningPart | ErrorPart):
+        return f"{part.kind} as a text line"
+    return None
+
+
+@attrs.define
+class CopyReport:
+    """What a seed copied of a portable context, by stable part id (filled as it copies)."""
+
+    included: list[str] = attrs.Factory(list)
+    omitted: list[ContextOmission] = attrs.Factory(list)
+    transformed: list[ContextTransformation] = attrs.Factory(list)
+
+    def receipt(
+        self, context: PortableContext, *, runner: str, session_id: str
+    ) -> ContextTransferReceipt:
+        """The transfer receipt for a session started from ``context`` with this copy."""
+        return ContextTransferReceipt(
+            source_digest=context.digest,
+            included_message_ids=tuple(self.included),
+            omitted_parts=tuple(self.omitted),
+            transformed_parts=tuple(self.transformed),
+            estimated_input_tokens=None,
+            destination_runner=runner,
+            destination_session_id=session_id,
+        )
+
+
+def message_texts(message: ContextMessage, report: CopyReport | None = None) -> list[str]:
+    """The texts a context message is copied as (one per copied part), noted in ``report``.
+
+    A ``system`` message is never copied; a message left with no text is not included.
+    """
+    texts: list[str] = []
     for part in message.parts:
-        text = part_text(part)
+        text = None if message.role == "system" else part_text(part)
+        if report is None:
+            pass
+        elif text is None:
+            reason = SYSTEM_OMITTED if message.role == "system" else _omission_reason(part)
+            report.omitted.append(
+                ContextOmission(message.message_id, part.part_id, part.kind, reason)
+            )
+        elif (how := _transformation(part)) is not None:
+            report.transformed.append(
+                ContextTransformation(message.message_id, part.part_id, part.kind, how)
+            )
         if text is not None:
-            blocks.append({"type": "text", "text": text})
-    return blocks
+            texts.append(text)
+    if texts and report is not None:
+        report.included.append(message.message_id)
+    return texts
+
+
+def message_content(
+    message: ContextMessage, report: CopyReport | None = None
+) -> list[dict[str, Any]]:
+    """A context message's parts as the CLI's content blocks (all ``text``)."""
+    return [{"type": "text", "text": text} for text in message_texts(message, report)]
 
 
 @attrs.frozen
@@ -110,6 +195,8 @@ class Seed:
     """The transcript records to write (empty: no transcript, a plain fresh session)."""
     lead: list[dict[str, Any]]
     """Content blocks of the context's trailing user messages, sent before the new input."""
+    report: CopyReport = attrs.Factory(CopyReport)
+    """What of the context was copied, omitted or transformed (by part id)."""
 
 
 def plan_seed(
@@ -127,11 +214,11 @@ def plan_seed(
     message, so the user messages after it lead the new input's own message instead.
     """
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    report = CopyReport()
     copied = [
         (index, message, content)
         for index, message in enumerate(context.messages)
-        if message.role != "system"
-        for content in [message_content(message)]
+        for content in [message_content(message, report)]
         if content
     ]
     last_assistant = max(
@@ -173,7 +260,7 @@ def plan_seed(
         )
         parent = record_id
     lead = [block for _, _, content in copied[last_assistant + 1 :] for block in content]
-    return Seed(records=records, lead=lead)
+    return Seed(records=records, lead=lead, report=report)
 
 
 def write_records(path: Path, records: list[dict[str, Any]]) -> None:

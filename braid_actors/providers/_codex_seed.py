@@ -37,7 +37,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from braid_actors.providers._claude_seed import part_text
+import attrs
+
+from braid_actors.providers._claude_seed import CopyReport, message_texts
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,19 +59,25 @@ def new_thread_id(now_ms: int | None = None) -> str:
     return str(uuid.UUID(bytes=bytes(raw)))
 
 
-def message_item(message: ContextMessage) -> dict[str, Any] | None:
+def message_item(
+    message: ContextMessage, report: CopyReport | None = None
+) -> dict[str, Any] | None:
     """A context message as a ``response_item`` payload (None: nothing to copy)."""
-    if message.role == "system":
-        return None
     kind = "input_text" if message.role == "user" else "output_text"
-    content: list[dict[str, Any]] = []
-    for part in message.parts:
-        text = part_text(part)
-        if text is not None:
-            content.append({"type": kind, "text": text})
+    content = [{"type": kind, "text": text} for text in message_texts(message, report)]
     if not content:
         return None
     return {"type": "message", "role": message.role, "content": content}
+
+
+@attrs.frozen
+class Rollout:
+    """How a portable context enters a new Codex thread."""
+
+    lines: list[dict[str, Any]]
+    """The rollout lines to write (empty: nothing to copy, no seed needed)."""
+    report: CopyReport
+    """What of the context was copied, omitted or transformed (by part id)."""
 
 
 def _stamp(now: datetime) -> str:
@@ -83,12 +91,15 @@ def plan_rollout(
     cwd: str,
     model_provider: str,
     now: datetime | None = None,
-) -> list[dict[str, Any]]:
-    """The rollout lines for ``context`` (empty: nothing to copy, no seed needed)."""
+) -> Rollout:
+    """The rollout lines for ``context`` and what they copied of it."""
     stamp = _stamp(now or datetime.now(UTC))
-    items = [item for message in context.messages for item in [message_item(message)] if item]
+    report = CopyReport()
+    items = [
+        item for message in context.messages for item in [message_item(message, report)] if item
+    ]
     if not items:
-        return []
+        return Rollout(lines=[], report=report)
     meta = {
         "id": thread_id,
         "timestamp": stamp,
@@ -100,7 +111,7 @@ def plan_rollout(
     }
     lines: list[dict[str, Any]] = [{"timestamp": stamp, "type": "session_meta", "payload": meta}]
     lines += [{"timestamp": stamp, "type": "response_item", "payload": item} for item in items]
-    return lines
+    return Rollout(lines=lines, report=report)
 
 
 def rollout_path(codex_home: Path, thread_id: str, now: datetime | None = None) -> Path:

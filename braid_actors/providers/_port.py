@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import attrs
 import trio
 
+from braid_actors.model import ContextTransferReceipt as ContextTransferReceipt
 from braid_actors.model import Part, Role, Usage
 
 
@@ -97,6 +98,8 @@ class SessionInfo:
     """True only when an existing native session was continued."""
     trace_path: str | None = None
     """Where the runner keeps its native session/transcript file."""
+    receipt: ContextTransferReceipt | None = None
+    """For a fresh session given ``TurnRequest.context``: what it was given of it."""
 
 
 @attrs.frozen

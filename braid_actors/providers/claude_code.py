@@ -46,7 +46,7 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
-from braid_actors.providers._claude_seed import Seed, plan_seed, write_records
+from braid_actors.providers._claude_seed import CopyReport, Seed, plan_seed, write_records
 from braid_actors.providers._claude_stream import (
     StreamMapper,
     find_session_file,
@@ -201,7 +201,9 @@ class ClaudeCodeProvider:
             policy=policy,
             max_line=MAX_LINE,
         ) as worker:
-            turn = _Turn(self, worker, request, sink, control, seeded=seed_id, lead=seed.lead)
+            turn = _Turn(
+                self, worker, request, sink, control, seeded=seed_id, lead=seed.lead, seed=seed
+            )
             try:
                 result = await turn.run()
             except trio.Cancelled:
@@ -238,7 +240,7 @@ class ClaudeCodeProvider:
         """
         context = request.context
         if request.session.session_id is not None or context is None:
-            return None, Seed(records=[], lead=[])
+            return None, Seed(records=[], lead=[], report=CopyReport())
         session_id = str(uuid.uuid4())
         seed = plan_seed(
             context,
@@ -287,6 +289,8 @@ class _Turn:
     """The new session Braid wrote from portable context (run with ``--resume``)."""
     lead: list[dict[str, Any]] = attrs.Factory(list)
     """Copied context blocks sent before the new input, in its message."""
+    seed: Seed | None = None
+    """The plan a fresh session's portable context was copied by (its report: the receipt)."""
     mapper: StreamMapper = attrs.Factory(StreamMapper)
     session: SessionInfo | None = None
     usage: Usage = attrs.Factory(Usage)
@@ -419,7 +423,15 @@ class _Turn:
                 details={"requested": expected, "reported": session_id},
             )
         trace = session_file(self.provider.config_dir, self.request.workspace, session_id)
-        self.session = SessionInfo(session_id=session_id, resumed=resumed, trace_path=str(trace))
+        context = self.request.context
+        receipt = (
+            None
+            if requested is not None or context is None or self.seed is None
+            else self.seed.report.receipt(context, runner=self.provider.name, session_id=session_id)
+        )
+        self.session = SessionInfo(
+            session_id=session_id, resumed=resumed, trace_path=str(trace), receipt=receipt
+        )
         await self.sink.session(self.session)
         self.started.set()
 

@@ -47,6 +47,7 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
+from braid_actors.providers._claude_seed import CopyReport
 from braid_actors.providers._codex_seed import (
     new_thread_id,
     plan_rollout,
@@ -220,7 +221,7 @@ class CodexProvider:
         if isinstance(checked, str):
             return _failed(checked, Usage(), request.session.session_id)
         self.write_config(request.model or self.model)
-        seeded = await self._seed(request)
+        seeded, report = await self._seed(request)
         timeouts = self.timeouts
         policy = StopPolicy(
             grace=timeouts.exit_grace,
@@ -237,7 +238,16 @@ class CodexProvider:
             stdin = worker.process.stdin
             if stdin is not None:  # nothing more to read: the prompt is in argv
                 await stdin.aclose()
-            turn = _Turn(self, worker, request, sink, control, baseline=checked, seeded=seeded)
+            turn = _Turn(
+                self,
+                worker,
+                request,
+                sink,
+                control,
+                baseline=checked,
+                seeded=seeded,
+                report=report,
+            )
             try:
                 result = await turn.run()
             except trio.Cancelled:
@@ -279,26 +289,27 @@ class CodexProvider:
             )
         return end.totals
 
-    async def _seed(self, request: TurnRequest) -> str | None:
+    async def _seed(self, request: TurnRequest) -> tuple[str | None, CopyReport | None]:
         """For a fresh session with portable context: write it as a new thread's rollout.
 
-        Returns the new thread's id (null when there is nothing to copy).
+        Returns the new thread's id (null when there is nothing to copy) and what was
+        copied (null without portable context).
         """
         context = request.context
         if request.session.session_id is not None or context is None:
-            return None
+            return None, None
         thread = new_thread_id()
-        lines = plan_rollout(
+        rollout = plan_rollout(
             context,
             thread_id=thread,
             cwd=str(request.workspace),
             model_provider="braid" if self.base_url is not None else "openai",
         )
-        if not lines:
-            return None
+        if not rollout.lines:
+            return None, rollout.report
         path = rollout_path(self.codex_home, thread)
-        await trio.to_thread.run_sync(write_rollout, path, lines)
-        return thread
+        await trio.to_thread.run_sync(write_rollout, path, rollout.lines)
+        return thread, rollout.report
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the thread's rollout (never modifying it): its last ``response_item`` id."""
@@ -340,6 +351,8 @@ class _Turn:
     baseline: Totals
     seeded: str | None = None
     """The new thread Braid wrote from portable context (run with ``resume``)."""
+    report: CopyReport | None = None
+    """What a fresh thread was given of the portable context (its receipt's content)."""
     mapper: EventMapper = attrs.Factory(EventMapper)
     session: SessionInfo | None = None
     usage: Usage = attrs.Factory(Usage)
@@ -449,10 +462,17 @@ class _Turn:
             )
         self.mapper.thread_id = thread
         trace = find_rollout(self.provider.codex_home, thread)
+        context = self.request.context
+        receipt = (
+            None
+            if requested is not None or context is None or self.report is None
+            else self.report.receipt(context, runner=self.provider.name, session_id=thread)
+        )
         self.session = SessionInfo(
             session_id=thread,
             resumed=requested is not None,
             trace_path=None if trace is None else str(trace),
+            receipt=receipt,
         )
         await self.sink.session(self.session)
 

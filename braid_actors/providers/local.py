@@ -24,7 +24,13 @@ import attrs
 import trio
 
 from braid_actors.errors import ProviderProtocolError
-from braid_actors.model import Usage
+from braid_actors.model import (
+    ContextOmission,
+    ContextTransferReceipt,
+    ContextTransformation,
+    TextPart,
+    Usage,
+)
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._port import (
     Capabilities,
@@ -48,6 +54,7 @@ from braid_actors.workers import (
     control_path,
     is_session_id,
     local_worker_command,
+    native_text,
     open_worker,
     read_session,
     session_path,
@@ -273,6 +280,35 @@ def _context(context: PortableContext) -> dict[str, Any]:
     }
 
 
+def context_receipt(context: PortableContext, session_id: str) -> ContextTransferReceipt:
+    """What the worker's fresh session gets of ``context``: every message (as one native
+    line), text parts unchanged, other parts as the worker's text, reasoning and unknown
+    parts omitted (the worker's own translation, :func:`native_text`)."""
+    omitted: list[ContextOmission] = []
+    transformed: list[ContextTransformation] = []
+    for message in context.messages:
+        for part in message.parts:
+            text = native_text(part)
+            if not text:
+                reason = "empty text" if isinstance(part, TextPart) else "not portable text"
+                omitted.append(ContextOmission(message.message_id, part.part_id, part.kind, reason))
+            elif not isinstance(part, TextPart):
+                transformed.append(
+                    ContextTransformation(
+                        message.message_id, part.part_id, part.kind, "as a bracketed text line"
+                    )
+                )
+    return ContextTransferReceipt(
+        source_digest=context.digest,
+        included_message_ids=tuple(message.message_id for message in context.messages),
+        omitted_parts=tuple(omitted),
+        transformed_parts=tuple(transformed),
+        estimated_input_tokens=None,
+        destination_runner="local",
+        destination_session_id=session_id,
+    )
+
+
 class _Silent(Exception):
     """The worker said nothing within a deadline (internal: becomes a failed result)."""
 
@@ -481,7 +517,15 @@ class _Turn:
                 "the worker's session does not match the requested one",
                 details={"requested": requested, "reported": session_id, "resumed": resumed},
             )
-        self.session = SessionInfo(session_id=session_id, resumed=resumed, trace_path=path)
+        context = self.request.context
+        receipt = (
+            None
+            if requested is not None or context is None
+            else context_receipt(context, session_id)
+        )
+        self.session = SessionInfo(
+            session_id=session_id, resumed=resumed, trace_path=path, receipt=receipt
+        )
         await self.sink.session(self.session)
 
     async def _on_interaction(self, message: dict[str, Any]) -> None:

@@ -130,6 +130,7 @@ class JournalSink:
                 info.trace_path,
                 self._sup.clock(),
                 self._next_cursor(),
+                info.receipt,
             )
         )
 

@@ -61,6 +61,7 @@ from braid_actors.workers._spend import (
     limit_of,
     unmeasured,
 )
+from braid_actors.workers._start import native_text
 from braid_actors.workers._wire import (
     PROTOCOL_VERSION,
     LineReader,
@@ -106,6 +107,7 @@ __all__ = [
     "kill",
     "limit_of",
     "local_worker_command",
+    "native_text",
     "observe_tree",
     "open_worker",
     "pause",

@@ -388,6 +388,23 @@ async def test_portable_context_seeds_a_new_native_session(tmp_path: Path) -> No
         assert result.outcome == "completed", result.reason
         [session] = sink.sessions
         assert not session.resumed  # a new session with copied context
+        receipt = session.receipt
+        assert receipt is not None
+        assert receipt.source_digest == portable_context().digest
+        assert receipt.included_message_ids == ("m1", "m2", "m3")
+        assert [(o.message_id, o.part_id, o.kind) for o in receipt.omitted_parts] == [
+            ("m2", "p2", "reasoning"),
+            ("m4", "p10", "text"),
+        ]
+        assert [(t.message_id, t.part_id, t.kind) for t in receipt.transformed_parts] == [
+            ("m2", "p4", "tool_request"),
+            ("m2", "p5", "tool_result"),
+            ("m3", "p8", "tool_request"),
+            ("m3", "p9", "tool_result"),
+        ]
+        assert "truncated" in receipt.transformed_parts[-1].how
+        assert receipt.destination_runner == "claude_code"
+        assert receipt.destination_session_id == session.session_id
         assert result.session_id == session.session_id
         assert session.trace_path is not None
         trace = tmp_path / "home" / ".claude" / "projects"

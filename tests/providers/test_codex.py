@@ -385,6 +385,23 @@ async def test_portable_context_seeds_a_new_thread(tmp_path: Path) -> None:
         assert result.outcome == "completed", result.reason
         [session] = sink.sessions  # the rollout exists from the start
         assert not session.resumed  # a new thread with copied context
+        receipt = session.receipt
+        assert receipt is not None
+        assert receipt.source_digest == portable_context().digest
+        assert receipt.included_message_ids == ("m1", "m2", "m3")
+        assert [(o.message_id, o.part_id, o.kind) for o in receipt.omitted_parts] == [
+            ("m2", "p2", "reasoning"),
+            ("m4", "p10", "text"),
+        ]
+        assert [(t.message_id, t.part_id, t.kind) for t in receipt.transformed_parts] == [
+            ("m2", "p4", "tool_request"),
+            ("m2", "p5", "tool_result"),
+            ("m3", "p8", "tool_request"),
+            ("m3", "p9", "tool_result"),
+        ]
+        assert "truncated" in receipt.transformed_parts[-1].how
+        assert receipt.destination_runner == "codex"
+        assert receipt.destination_session_id == session.session_id
         thread = session.session_id
         assert result.session_id == thread
         assert sink.workers[0].command[-4:] == ("resume", thread, "--", "Now summarize.")
@@ -417,6 +434,7 @@ async def test_portable_context_seeds_a_new_thread(tmp_path: Path) -> None:
         resumed = await run(adapter, request(tmp_path, "One more.", again), later)
         assert resumed.outcome == "completed", resumed.reason
         assert [(s.session_id, s.resumed) for s in later.sessions] == [(thread, True)]
+        assert all(s.receipt is None for s in later.sessions)  # nothing was copied
     assert_offline(stub)
     first, second = (r.body for r in stub.model_requests("openai"))
     copied = [

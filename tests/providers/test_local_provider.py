@@ -388,6 +388,40 @@ async def test_fresh_session_with_context_then_native_continuation(tmp_path: Pat
     assert (await local.prove_session(first.session_id)).digest == second.session_digest
 
 
+async def test_fresh_session_with_context_reports_a_transfer_receipt(tmp_path: Path) -> None:
+    """The session report of a fresh session names what it got of the context, by part id."""
+    context = attrs.evolve(
+        CONTEXT,
+        messages=(
+            *CONTEXT.messages,
+            ContextMessage(
+                "msg_c3", "assistant", (ReasoningPart(part_id="part_5", text="private"),)
+            ),
+        ),
+    )
+    sink = RecordingSink()
+    result = await provider(tmp_path).run_turn(request(tmp_path, "one", context=context), sink)
+    assert result.outcome == "completed"
+    receipt = sink.sessions[0].receipt
+    assert receipt is not None
+    assert receipt.source_digest == context.digest
+    assert receipt.included_message_ids == ("msg_c1", "msg_c2", "msg_c3")
+    assert [(o.message_id, o.part_id, o.kind) for o in receipt.omitted_parts] == [
+        ("msg_c3", "part_5", "reasoning")
+    ]
+    assert [(t.message_id, t.part_id, t.kind) for t in receipt.transformed_parts] == [
+        ("msg_c2", "part_2", "tool_request"),
+        ("msg_c2", "part_3", "tool_result"),
+    ]
+    assert receipt.destination_runner == "local"
+    assert receipt.destination_session_id == result.session_id
+
+    resumed = RecordingSink()
+    session = SessionRequest(result.session_id, result.session_boundary, result.session_digest)
+    await provider(tmp_path).run_turn(request(tmp_path, "two", session=session), resumed)
+    assert resumed.sessions[0].receipt is None
+
+
 async def test_boundary_mismatch_refuses_and_leaves_file_identical(tmp_path: Path) -> None:
     """A stale boundary is refused with session_mismatch and the file is byte-identical."""
     local = provider(tmp_path)

@@ -20,6 +20,7 @@ from braid_actors import graph
 from braid_actors.app import BraidApp, call, open_app
 from braid_actors.errors import BraidError
 from braid_actors.journal import Journal, load_or_create_key
+from braid_actors.supervisor._planning import portable_context
 
 
 @pytest.fixture
@@ -355,3 +356,31 @@ async def test_finished_run_ingests_its_transcript_as_evidence(
     text = json.dumps(overview)
     assert '"local"' in text
     assert runtime["capture"]["status"] == "ok"
+
+
+async def test_fresh_retry_records_the_context_transfer_receipt(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """A fresh-session retry copies the branch's context; its run record shows the receipt."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    first = await call(app, "submit_turn", {"branchId": branch, "text": "hello"})
+    done = await call(app, "wait_run", {"runId": first["runId"], "timeoutS": 30})
+    assert done["state"] == "succeeded"
+    assert done["contextReceipt"]["includedMessageIds"] == []  # a new session: nothing to copy
+    second = await call(app, "submit_turn", {"branchId": branch, "text": "again"})
+    await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 30})
+    retried = await call(app, "retry", {"turnId": second["turnId"], "session": "fresh"})
+    record = await call(app, "wait_run", {"runId": retried["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded"
+    assert record["sessionLabel"] == "new session with copied context"
+    copied = [app.state.turns[first["turnId"]].user_message_id, done["assistantMessageId"]]
+    expected = portable_context(app.state, branch, copied)
+    receipt = record["contextReceipt"]
+    assert receipt["sourceDigest"] == expected.digest
+    assert receipt["includedMessageIds"] == copied
+    assert (receipt["omittedParts"], receipt["transformedParts"]) == ([], [])
+    assert receipt["destinationRunner"] == "local"
+    assert receipt["destinationSessionId"] == record["providerSessionId"]
+    assert receipt["estimatedInputTokens"] is None  # unavailable, never guessed
+    assert app.run(retried["runId"]).context_receipt is not None  # journaled on the run
