@@ -25,13 +25,10 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import (
-    ContextOmission,
-    ContextTransferReceipt,
-    ContextTransformation,
-    TextPart,
     Usage,
 )
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
+from braid_actors.providers._local_start import context_receipt, start_message
 from braid_actors.providers._port import (
     Capabilities,
     InteractionAnswer,
@@ -54,20 +51,17 @@ from braid_actors.workers import (
     control_path,
     is_session_id,
     local_worker_command,
-    native_text,
     open_worker,
     read_session,
     session_path,
     spool_path,
     structure_part,
-    unstructure_part,
     worker_environment,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from braid_actors.providers._port import PortableContext
 
 LOCAL_CAPABILITIES: Final = Capabilities(
     sessions_continue=True,
@@ -241,72 +235,6 @@ class LocalProvider:
         return SessionProof(
             session_id, available=True, last_message_id=state.last_message_id, digest=state.digest
         )
-
-
-def start_message(request: TurnRequest) -> dict[str, Any]:
-    """The protocol's ``start`` for a turn request."""
-    return {
-        "type": "start",
-        "runId": request.run_id,
-        "turnId": request.turn_id,
-        "userMessageId": request.user_message_id,
-        "assistantMessageId": request.assistant_message_id,
-        "text": request.text,
-        "workspace": str(request.workspace),
-        "session": {
-            "id": request.session.session_id,
-            "expectedBoundary": request.session.expected_boundary,
-            "expectedDigest": request.session.expected_digest,
-        },
-        "context": None if request.context is None else _context(request.context),
-    }
-
-
-def _context(context: PortableContext) -> dict[str, Any]:
-    return {
-        "sourceConversationId": context.source_conversation_id,
-        "sourceBranchId": context.source_branch_id,
-        "throughMessageId": context.through_message_id,
-        "complete": context.complete,
-        "digest": context.digest,
-        "messages": [
-            {
-                "messageId": message.message_id,
-                "role": message.role,
-                "parts": [unstructure_part(part) for part in message.parts],
-            }
-            for message in context.messages
-        ],
-    }
-
-
-def context_receipt(context: PortableContext, session_id: str) -> ContextTransferReceipt:
-    """What the worker's fresh session gets of ``context``: every message (as one native
-    line), text parts unchanged, other parts as the worker's text, reasoning and unknown
-    parts omitted (the worker's own translation, :func:`native_text`)."""
-    omitted: list[ContextOmission] = []
-    transformed: list[ContextTransformation] = []
-    for message in context.messages:
-        for part in message.parts:
-            text = native_text(part)
-            if not text:
-                reason = "empty text" if isinstance(part, TextPart) else "not portable text"
-                omitted.append(ContextOmission(message.message_id, part.part_id, part.kind, reason))
-            elif not isinstance(part, TextPart):
-                transformed.append(
-                    ContextTransformation(
-                        message.message_id, part.part_id, part.kind, "as a bracketed text line"
-                    )
-                )
-    return ContextTransferReceipt(
-        source_digest=context.digest,
-        included_message_ids=tuple(message.message_id for message in context.messages),
-        omitted_parts=tuple(omitted),
-        transformed_parts=tuple(transformed),
-        estimated_input_tokens=None,
-        destination_runner="local",
-        destination_session_id=session_id,
-    )
 
 
 class _Silent(Exception):

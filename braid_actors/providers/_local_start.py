@@ -1,0 +1,83 @@
+"""What the local adapter sends its worker to start a turn, and the receipt of the
+portable context it copied (exactly what the worker's own translation keeps)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from braid_actors.model import (
+    ContextOmission,
+    ContextTransferReceipt,
+    ContextTransformation,
+    TextPart,
+)
+from braid_actors.workers import native_text, unstructure_part
+
+if TYPE_CHECKING:
+    from braid_actors.providers._port import PortableContext, TurnRequest
+
+
+def start_message(request: TurnRequest) -> dict[str, Any]:
+    """The protocol's ``start`` for a turn request."""
+    return {
+        "type": "start",
+        "runId": request.run_id,
+        "turnId": request.turn_id,
+        "userMessageId": request.user_message_id,
+        "assistantMessageId": request.assistant_message_id,
+        "text": request.text,
+        "workspace": str(request.workspace),
+        "session": {
+            "id": request.session.session_id,
+            "expectedBoundary": request.session.expected_boundary,
+            "expectedDigest": request.session.expected_digest,
+        },
+        "context": None if request.context is None else _context(request.context),
+    }
+
+
+def _context(context: PortableContext) -> dict[str, Any]:
+    return {
+        "sourceConversationId": context.source_conversation_id,
+        "sourceBranchId": context.source_branch_id,
+        "throughMessageId": context.through_message_id,
+        "complete": context.complete,
+        "digest": context.digest,
+        "messages": [
+            {
+                "messageId": message.message_id,
+                "role": message.role,
+                "parts": [unstructure_part(part) for part in message.parts],
+            }
+            for message in context.messages
+        ],
+    }
+
+
+def context_receipt(context: PortableContext, session_id: str) -> ContextTransferReceipt:
+    """What the worker's fresh session gets of ``context``: every message (as one native
+    line), text parts unchanged, other parts as the worker's text, reasoning and unknown
+    parts omitted (the worker's own translation, :func:`native_text`)."""
+    omitted: list[ContextOmission] = []
+    transformed: list[ContextTransformation] = []
+    for message in context.messages:
+        for part in message.parts:
+            text = native_text(part)
+            if not text:
+                reason = "empty text" if isinstance(part, TextPart) else "not portable text"
+                omitted.append(ContextOmission(message.message_id, part.part_id, part.kind, reason))
+            elif not isinstance(part, TextPart):
+                transformed.append(
+                    ContextTransformation(
+                        message.message_id, part.part_id, part.kind, "as a bracketed text line"
+                    )
+                )
+    return ContextTransferReceipt(
+        source_digest=context.digest,
+        included_message_ids=tuple(message.message_id for message in context.messages),
+        omitted_parts=tuple(omitted),
+        transformed_parts=tuple(transformed),
+        estimated_input_tokens=None,
+        destination_runner="local",
+        destination_session_id=session_id,
+    )
