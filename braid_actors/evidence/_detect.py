@@ -3,8 +3,7 @@
 Looks at the first decodable lines only. Claude Code records carry ``sessionId``/``uuid``
 and a known ``type``; Codex rollouts are ``{"type", "payload"}`` envelopes (or the legacy bare
 meta line); local runner lines are exactly ``{"messageId", "role", "text"}``. A whole-file
-JSON object with ``sessionId``, ``projectHash`` and ``messages`` is a Gemini CLI chat, which
-this store recognizes but does not parse (its coverage says so, never ``ok``).
+JSON object with ``sessionId``, ``projectHash`` and ``messages`` is a Gemini CLI chat.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from ._local import is_local_line
 if TYPE_CHECKING:
     from ._parsed import LineSplit
 
-HARNESSES: Final = ("claude_code", "codex", "local")
+HARNESSES: Final = ("claude_code", "codex", "gemini_cli", "local")
 """Harnesses with a parser."""
-UNSUPPORTED: Final = ("gemini_cli",)
+UNSUPPORTED: Final[tuple[str, ...]] = ()
 """Harnesses recognized but not parsed."""
 _SAMPLE: Final = 20
 

@@ -32,6 +32,7 @@ from ._claude import parse_claude
 from ._codex import parse_codex
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
+from ._gemini import parse_gemini, split_gemini
 from ._links import put_file_links, rebuild_run_links
 from ._local import parse_local
 from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
     "claude_code": parse_claude,
     "codex": parse_codex,
+    "gemini_cli": parse_gemini,
     "local": parse_local,
 }
 
@@ -84,6 +86,8 @@ class Ingest(Rows):
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
             return unsupported(self, run_id, path_key, path.stem, detected, policy, split, data)
+        if detected == "gemini_cli":
+            split = split_gemini(data)  # one JSON document: records, not lines
         outcome = PARSERS[detected](split, fallback_session=path.stem)
         boundary, issues = self._boundary(run_id, path_key, data, resume_offset)
         mat = Materializer(

@@ -44,12 +44,15 @@ def test_ingest_prints_each_source_coverage(
 def test_ingest_without_run_makes_one_import_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without --run the paths share one new run; an unsupported file exits 1."""
-    assert _run(["evidence", "ingest", str(SHORT), str(GEMINI), "--json"], tmp_path) == 1
+    """Without --run the paths share one new run; an unknown-format file exits 1."""
+    unknown = tmp_path / "notes.jsonl"
+    unknown.write_text('{"note": 1}\n', encoding="utf-8")
+    argv = ["evidence", "ingest", str(SHORT), str(GEMINI), str(unknown), "--json"]
+    assert _run(argv, tmp_path) == 1
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["status"] for r in reports] == ["ok", "failed"]
+    assert [r["status"] for r in reports] == ["ok", "ok", "failed"]
     assert len({r["run_id"] for r in reports}) == 1
-    assert reports[1]["issues"] == [{"code": "unsupported_format"}]
+    assert reports[2]["issues"] == [{"code": "unknown_format"}]
 
 
 def test_show_prints_the_overview(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
