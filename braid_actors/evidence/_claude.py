@@ -1,8 +1,10 @@
 """Claude Code session JSONL (``~/.claude/projects/<project>/<session>.jsonl``).
 
 Records: ``user``, ``assistant``, ``system``, ``progress``, ``attachment``,
-``queue-operation``, ``file-history-snapshot`` and the older ``summary``. Anything else is
-``unrecognized`` (counted, never fatal).
+``queue-operation``, ``file-history-snapshot`` and the older ``summary``; since 2.1.x also
+``api-request-shape``, ``api-request``, ``api-request-blob``, ``tools-used``, ``last-prompt``
+and ``cost-state`` (see :func:`_request_record`). Anything else (e.g. ``atis-latch``, whose
+one field ``atis`` says nothing we can interpret) is ``unrecognized`` (counted, never fatal).
 
 - Content blocks become entries: ``text`` → message, ``thinking`` / ``redacted_thinking`` →
   message with status ``reasoning``, ``tool_use`` / ``server_tool_use`` → tool call,
@@ -52,8 +54,19 @@ from ._parsed import (
 if TYPE_CHECKING:
     from ._parsed import LineSplit
 
-PARSER_VERSION: Final = "braid.claude_code/1"
+PARSER_VERSION: Final = "braid.claude_code/2"
 FORMAT_VERSION: Final = "claude_code.session_jsonl"
+REQUEST_TYPES: Final = frozenset(
+    {
+        "api-request-shape",
+        "api-request",
+        "api-request-blob",
+        "tools-used",
+        "last-prompt",
+        "cost-state",
+    }
+)
+"""Records about the CLI's API requests and running totals (see :func:`_request_record`)."""
 RECORD_TYPES: Final = frozenset(
     {
         "user",
@@ -64,6 +77,7 @@ RECORD_TYPES: Final = frozenset(
         "queue-operation",
         "file-history-snapshot",
         "summary",
+        *REQUEST_TYPES,
     }
 )
 TASK_TOOLS: Final = frozenset({"Task", "Agent"})
@@ -145,6 +159,8 @@ def parse_claude(split: LineSplit, *, fallback_session: str) -> Outcome:
             _assistant(state, helper, obj)
         elif rtype == "progress":
             _progress(state, obj)
+        elif rtype in REQUEST_TYPES:
+            _request_record(helper, rtype, obj)
         else:
             _session_record(helper, rtype, obj)
         if helper.count:
@@ -428,6 +444,46 @@ def _session_record(helper: DraftLine, rtype: str, obj: dict[str, Any]) -> None:
         helper.add("session", "file_history_snapshot", content=Content.json(obj.get("snapshot")))
     else:  # summary
         helper.add("session", "summary", content=Content.text(str(obj.get("summary", ""))))
+
+
+def _request_record(helper: DraftLine, rtype: str, obj: dict[str, Any]) -> None:
+    """The API-request bookkeeping records: stored as they are, never as conversation.
+
+    - ``api-request-shape``: the request's static part (``shape.system`` prompt blocks and
+      ``shape.tools`` definitions) under a ``shapeHash`` → configuration ``api_request_shape``.
+    - ``api-request``: one API call's parameters (``params``: model, betas, max_tokens,
+      thinking…), its ``shapeHash`` and the message-blob hashes it sent (``tail``, ``base``)
+      → configuration ``api_request``. The assistant records cite its ``id`` (``requestRef``).
+    - ``api-request-blob``: a request message body by ``hash``; it repeats text already on
+      ``user`` / ``attachment`` records, so it is a session entry, not a message.
+    - ``tools-used``: the names of tools used so far → session entry ``tools_used`` (not tool
+      calls: those are the assistant's ``tool_use`` blocks).
+    - ``last-prompt``: the last prompt's text and the leaf record's uuid → session entry
+      ``last_prompt`` (the prompt itself is already a message / task).
+    - ``cost-state``: the CLI's running totals (cost, durations, per-model token counts) →
+      session entry ``cost_state``. Its ``modelUsage`` tokens are the sum of the usage already
+      on the assistant messages (counted once per ``message.id`` in ``Outcome.usage``), so they
+      are metadata here and never added to usage again.
+    """
+    body = {k: v for k, v in obj.items() if k not in ("type", "sessionId", "timestamp")}
+    if rtype in ("api-request-shape", "api-request"):
+        fields = {"configuration"}
+        if as_str(obj.get("version")):
+            fields.add("configuration.application_version")
+        tools = as_dict(obj.get("shape")).get("tools")
+        if rtype == "api-request-shape" and isinstance(tools, list):
+            fields.add("configuration.tools")
+        if rtype == "api-request" and as_str(as_dict(obj.get("params")).get("model")):
+            fields.add("configuration.model")
+        helper.add(
+            "configuration",
+            rtype.replace("-", "_"),
+            content=Content.json(body),
+            fields=frozenset(fields),
+        )
+        helper.outcome.stat(helper.session, "configurations")
+        return
+    helper.add("session", rtype.replace("-", "_"), content=Content.json(body))
 
 
 def _joined_text(value: Any) -> str:

@@ -1,7 +1,8 @@
 """Codex rollout JSONL (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``).
 
 Envelope format: every line is ``{"timestamp", "type", "payload"}`` with ``type`` one of
-``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted``. The legacy
+``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted`` (and, since
+0.17x, ``world_state`` and ``token_usage_record``). The legacy
 pre-envelope format starts with a bare ``{"id", "timestamp", ...}`` meta line followed by
 bare response items and ``{"record_type": "state"}`` lines; both are read the same way.
 
@@ -20,6 +21,12 @@ bare response items and ``{"record_type": "state"}`` lines; both are read the sa
   identities) that cite the response item they duplicate, and the summary counts them as
   ``duplicate_messages``. Repeated ``token_count`` snapshots (same cumulative totals) are
   counted once.
+- ``world_state`` (``{"full", "state"}``: the model-visible context — model, collaboration
+  mode, environments with their cwd, skills, permissions, tool instructions) is a
+  ``configuration`` entry (status ``world_state``).
+- ``token_usage_record`` (one response's ``usage`` with its ``turn_token_usage`` and
+  ``thread_token_usage`` running totals, by ``response_id``) is a session entry: the same
+  figures reach usage through the ``token_count`` events, so they are not counted again.
 - ``compacted`` is a session entry; its replacement history's tool outputs are
   ``context_replacement`` results (no new execution).
 - ``spawn_agent`` outputs naming a new agent are ``spawn`` actions; ``send_input`` calls are
@@ -52,11 +59,19 @@ from ._parsed import (
 if TYPE_CHECKING:
     from ._parsed import LineSplit
 
-PARSER_VERSION: Final = "braid.codex/1"
+PARSER_VERSION: Final = "braid.codex/2"
 ENVELOPE: Final = "codex.rollout_jsonl/envelope"
 LEGACY: Final = "codex.rollout_jsonl/legacy"
 ENVELOPE_TYPES: Final = frozenset(
-    {"session_meta", "turn_context", "response_item", "event_msg", "compacted"}
+    {
+        "session_meta",
+        "turn_context",
+        "response_item",
+        "event_msg",
+        "compacted",
+        "world_state",
+        "token_usage_record",
+    }
 )
 ITEM_TYPES: Final = frozenset(
     {
@@ -225,6 +240,14 @@ def _dispatch(state: _State, helper: DraftLine, rtype: str, payload: dict[str, A
         return _event(state, helper, payload)
     elif rtype == "compacted":
         _compacted(state, helper, payload)
+    elif rtype == "world_state":
+        _world_state(state, helper, payload)
+    elif rtype == "token_usage_record":
+        # Metadata only: ``thread_token_usage`` is the cumulative total the following
+        # ``event_msg/token_count`` reports as ``total_token_usage`` (and ``usage`` its
+        # ``last_token_usage``); usage is counted from token_count, so never twice.
+        helper.add("session", "token_usage_record", content=Content.json(payload))
+        state.out.stat(helper.session, "token_usage_records")
     elif rtype != "state":
         return False
     return True
@@ -289,6 +312,20 @@ def _turn_context(state: _State, helper: DraftLine, payload: dict[str, Any]) -> 
             fields.add("configuration.network_restrictions")
     helper.add(
         "configuration", "turn_context", content=Content.json(payload), fields=frozenset(fields)
+    )
+    state.out.stat(helper.session, "configurations")
+
+
+def _world_state(state: _State, helper: DraftLine, payload: dict[str, Any]) -> None:
+    world = as_dict(payload.get("state"))
+    fields = {"configuration"}
+    if as_str(world.get("model")):
+        fields.add("configuration.model")
+    environments = as_dict(as_dict(world.get("environments")).get("environments"))
+    if any(as_str(as_dict(env).get("cwd")) for env in environments.values()):
+        fields.add("configuration.workdir")
+    helper.add(
+        "configuration", "world_state", content=Content.json(payload), fields=frozenset(fields)
     )
     state.out.stat(helper.session, "configurations")
 
