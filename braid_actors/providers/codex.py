@@ -47,6 +47,7 @@ import trio
 
 from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
+from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._claude_seed import CopyReport
 from braid_actors.providers._codex_seed import (
     new_thread_id,
@@ -365,14 +366,8 @@ class _Turn:
                 pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
             )
         )
-        if self.control is None:
-            return await self._guarded()
-        ended: list[TurnResult] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_cancel, self.control, nursery.cancel_scope)
-            ended.append(await self._guarded())
-            nursery.cancel_scope.cancel()
-        if not ended:
+        result = await run_watched(self._guarded, self.control, self._watch_cancel)
+        if result is None:
             with trio.CancelScope(shield=True):
                 await self.worker.stop(policy=attrs.evolve(self.worker.policy, grace=0.0))
             grace = self.provider.timeouts.cancel_grace
@@ -383,7 +378,7 @@ class _Turn:
                 ),
                 cancel_acknowledged=False,
             )
-        return ended[0]
+        return result
 
     async def _watch_cancel(self, control: RunControl, scope: trio.CancelScope) -> None:
         await control.cancel_requested.wait()

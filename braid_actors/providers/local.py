@@ -27,6 +27,7 @@ from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import (
     Usage,
 )
+from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import context_receipt, start_message
 from braid_actors.providers._port import (
@@ -260,14 +261,8 @@ class _Turn:
     saw_done: bool = False
 
     async def run(self, *, resume: bool = False) -> TurnResult:
-        if self.control is None:
-            return await self._run(resume)
-        ended: list[TurnResult] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_cancel, self.control, nursery.cancel_scope)
-            ended.append(await self._run(resume))
-            nursery.cancel_scope.cancel()
-        if not ended:  # the cancel went unanswered: stop it by force
+        result = await run_watched(lambda: self._run(resume), self.control, self._watch_cancel)
+        if result is None:  # the cancel went unanswered: stop it by force
             with trio.CancelScope(shield=True):
                 await self.cancel_worker()
             return attrs.evolve(
@@ -277,7 +272,6 @@ class _Turn:
                 ),
                 cancel_acknowledged=False,
             )
-        result = ended[0]
         if self.cancel_sent:
             return attrs.evolve(result, cancel_acknowledged=result.outcome == "cancelled")
         return result
