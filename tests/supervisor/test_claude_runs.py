@@ -8,35 +8,16 @@ reported them, and the run's transcript is ingested as evidence.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import trio
 
-from braid_actors.app import BraidApp, call, open_app
-from braid_actors.providers import ClaudeCodeProvider, ClaudeTimeouts, LocalProvider, Provider
+from braid_actors.app import BraidApp, call
+from tests.supervisor._cli import braid_with, claude_provider
 from tools.model_stub import open_model_stub, parse_script
-from tools.model_stub.harness import claude_bin
 
 MODEL = "claude-sonnet-4-5"
-
-
-def _claude(tmp_path: Path, url: str) -> ClaudeCodeProvider:
-    proxy = {k: url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-    return ClaudeCodeProvider(
-        bin=str(claude_bin()),
-        home=tmp_path / "claude-home",
-        base_url=url,
-        env={
-            "ANTHROPIC_API_KEY": "sk-ant-stub",
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
-            **proxy,
-        },
-        model=MODEL,
-        timeouts=ClaudeTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
-    )
 
 
 async def _wait_blocked(app: BraidApp, run_id: str) -> dict[str, object]:
@@ -56,13 +37,7 @@ async def test_two_turns_continue_the_native_session_with_only_the_new_input(
     home = tmp_path / "home"
     script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": _claude(tmp_path, stub.url),
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, claude_provider(tmp_path, stub))
         conv = await call(
             app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
         )
@@ -109,13 +84,7 @@ async def test_missing_session_file_hands_off_with_copied_context(tmp_path: Path
     home = tmp_path / "home"
     script = parse_script({"anthropic": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": _claude(tmp_path, stub.url),
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, claude_provider(tmp_path, stub))
         conv = await call(
             app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
         )
@@ -170,13 +139,7 @@ async def test_permission_answers_through_respond_interaction(tmp_path: Path) ->
         }
     )
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": _claude(tmp_path, stub.url),
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, claude_provider(tmp_path, stub))
         results = {}
         for allow in (False, True):
             conv = await call(
@@ -214,13 +177,7 @@ async def test_cost_limit_uses_the_cost_the_runner_reported(tmp_path: Path) -> N
     home = tmp_path / "home"
     script = parse_script({"anthropic": [{"text": "an answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "claude_code": _claude(tmp_path, stub.url),
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, claude_provider(tmp_path, stub))
         conv = await call(
             app, "create_conversation", {"workspace": str(workspace), "runner": "claude_code"}
         )

@@ -7,16 +7,14 @@ Codex reports tokens but no cost, so the run's cost stays null (unknown), never 
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import trio
 
-from braid_actors.app import BraidApp, call, open_app
-from braid_actors.providers import CodexProvider, CodexTimeouts, LocalProvider, Provider
+from braid_actors.app import call
+from tests.supervisor._cli import braid_with, codex_provider
 from tools.model_stub import open_model_stub, parse_script
-from tools.model_stub.harness import codex_bin
 
 
 async def test_two_codex_turns_continue_the_thread_with_only_the_new_input(
@@ -28,28 +26,7 @@ async def test_two_codex_turns_continue_the_thread_with_only_the_new_input(
     home = tmp_path / "home"
     script = parse_script({"openai": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-        codex = CodexProvider(
-            bin=str(codex_bin()),
-            home=tmp_path / "codex-home",
-            base_url=stub.openai_base_url,
-            env={
-                "BRAID_CODEX_API_KEY": "sk-stub",
-                "BRAID_CODEX_MAX_RETRIES": "0",
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
-                **proxy,
-            },
-            model="gpt-5.5",
-            timeouts=CodexTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
-        )
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "codex": codex,
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, codex_provider(tmp_path, stub))
         conv = await call(
             app, "create_conversation", {"workspace": str(workspace), "runner": "codex"}
         )
@@ -89,28 +66,7 @@ async def test_lost_codex_rollout_hands_off_with_copied_context(tmp_path: Path) 
     home = tmp_path / "home"
     script = parse_script({"openai": [{"text": "first answer"}, {"text": "second answer"}]})
     async with open_model_stub(script) as stub, trio.open_nursery() as nursery:
-        proxy = {k: stub.url for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-        codex = CodexProvider(
-            bin=str(codex_bin()),
-            home=tmp_path / "codex-home",
-            base_url=stub.openai_base_url,
-            env={
-                "BRAID_CODEX_API_KEY": "sk-stub",
-                "BRAID_CODEX_MAX_RETRIES": "0",
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
-                **proxy,
-            },
-            model="gpt-5.5",
-            timeouts=CodexTimeouts(startup=30, idle=30, cancel_grace=5, exit_grace=5),
-        )
-        providers: dict[str, Provider] = {
-            "local": LocalProvider(home / "runners" / "local"),
-            "codex": codex,
-        }
-        app: BraidApp = await nursery.start(
-            functools.partial(open_app, home, env={}, providers=providers)
-        )
+        app = await braid_with(nursery, home, codex_provider(tmp_path, stub))
         conv = await call(
             app, "create_conversation", {"workspace": str(workspace), "runner": "codex"}
         )
