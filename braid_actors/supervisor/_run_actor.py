@@ -426,7 +426,12 @@ class RunActor:
 
         key = ProcessKey(worker.pid, worker.create_time)
         self._nursery.start_soon(
-            lambda: observe_tree(key, interval=self.sup.observe_interval, on_sample=self._sampled)
+            lambda: observe_tree(
+                key,
+                interval=self.sup.observe_interval,
+                on_sample=self._sampled,
+                table=self.sup.process_table,
+            )
         )
 
     async def _sampled(self, sample: TreeSample) -> None:

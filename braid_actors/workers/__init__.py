@@ -41,6 +41,7 @@ from braid_actors.workers._process import (
     open_worker,
     process_gone,
 )
+from braid_actors.workers._proctable import ProcessTable, read_parent_ids
 from braid_actors.workers._scan import find_local_workers
 from braid_actors.workers._session import (
     SessionFileError,
@@ -88,6 +89,7 @@ __all__ = [
     "ProcessInfo",
     "ProcessKey",
     "ProcessSnapshot",
+    "ProcessTable",
     "SessionFileError",
     "SessionLine",
     "SessionState",
@@ -112,6 +114,7 @@ __all__ = [
     "open_worker",
     "pause",
     "process_gone",
+    "read_parent_ids",
     "read_session",
     "recognise",
     "resume",

@@ -56,6 +56,7 @@ import trio
 
 from braid_actors.workers._identity import CREATE_TIME_TOLERANCE, ProcessKey, same_start
 from braid_actors.workers._process import ProcessInfo
+from braid_actors.workers._proctable import ProcessTable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -184,6 +185,8 @@ class TreeObserver:
 
     root: ProcessKey
     argv_limit: int = ARGV_LIMIT
+    table: ProcessTable = attrs.Factory(ProcessTable)
+    """Where new children are looked up; share one between observers (see its module)."""
     _members: dict[ProcessKey, _Member] = attrs.Factory(dict)
     _started: bool = False
     _samples: int = 0
@@ -193,9 +196,15 @@ class TreeObserver:
     _root_ended_at: float | None = None
 
     @classmethod
-    def of(cls, root: ProcessKey | ProcessInfo, *, argv_limit: int = ARGV_LIMIT) -> TreeObserver:
+    def of(
+        cls,
+        root: ProcessKey | ProcessInfo,
+        *,
+        argv_limit: int = ARGV_LIMIT,
+        table: ProcessTable | None = None,
+    ) -> TreeObserver:
         key = root.key if isinstance(root, ProcessInfo) else root
-        return cls(root=key, argv_limit=argv_limit)
+        return cls(root=key, argv_limit=argv_limit, table=table or ProcessTable())
 
     def sample(self) -> TreeSample:
         """Read the tree once and report what changed since the previous sample."""
@@ -290,7 +299,7 @@ class TreeObserver:
         by_pid = {k.pid: k for k, m in self._members.items() if not m.zombie}
         known = {k.pid for k in self._members}
         children: dict[int, list[int]] = {}
-        for pid, ppid in _parent_ids().items():
+        for pid, ppid in self.table.parents().items():
             children.setdefault(ppid, []).append(pid)
         found: list[ProcessSnapshot] = []
         queue = list(by_pid)
@@ -320,6 +329,9 @@ class TreeObserver:
         try:
             proc = psutil.Process(pid)
             start = float(proc.create_time())
+            # The table may be older than this sample: the pid must still be the parent's.
+            if int(proc.ppid()) != parent.pid:
+                return None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
         if start < parent.create_time - CREATE_TIME_TOLERANCE:
@@ -412,6 +424,7 @@ async def observe_tree(
     interval: float,
     on_sample: Callable[[TreeSample], Awaitable[None]],
     argv_limit: int = ARGV_LIMIT,
+    table: ProcessTable | None = None,
     task_status: trio.TaskStatus[TreeSample] = trio.TASK_STATUS_IGNORED,
 ) -> TreeSample:
     """Sample ``root``'s tree every ``interval`` seconds and hand each sample to
@@ -425,7 +438,7 @@ async def observe_tree(
     """
     if not interval > 0:
         raise ValueError("interval must be positive")
-    observer = TreeObserver.of(root, argv_limit=argv_limit)
+    observer = TreeObserver.of(root, argv_limit=argv_limit, table=table)
     started = False
     while True:
         began = trio.current_time()
@@ -469,12 +482,3 @@ def _bounded(argv: list[str] | None, limit: int) -> tuple[tuple[str, ...] | None
         kept.append(arg)
         room -= len(arg)
     return tuple(kept), False
-
-
-def _parent_ids() -> dict[int, int]:
-    """pid → ppid for every process readable now."""
-    parents: dict[int, int] = {}
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            parents[proc.pid] = int(proc.ppid())
-    return parents
