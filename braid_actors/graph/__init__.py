@@ -38,6 +38,7 @@ from braid_actors.graph._state import (
     PROJECTION_VERSION,
     GraphState,
     checksum,
+    copy_state,
     dump_state,
     load_state,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "checksum",
     "clone",
     "clone_title",
+    "copy_state",
     "create_conversation",
     "dispatch",
     "dump_state",

@@ -71,6 +71,24 @@ _COLLECTIONS: tuple[tuple[str, type[Any]], ...] = (
 )
 
 
+def copy_state(state: GraphState) -> GraphState:
+    """A copy that later folds into ``state`` do not change, cheap enough for the event loop.
+
+    Entities are frozen and a fold replaces them rather than changing them, so copying the
+    collections (and the queue lists, which folds do change in place) is enough: the copy
+    can then be dumped in another thread while ``state`` moves on.
+    """
+    copied = GraphState(
+        queues={key: list(value) for key, value in state.queues.items()},
+        active=dict(state.active),
+        events=state.events,
+        out_edges={key: list(value) for key, value in state.out_edges.items()},
+    )
+    for name, _cls in _COLLECTIONS:
+        setattr(copied, name, dict(getattr(state, name)))
+    return copied
+
+
 def dump_state(state: GraphState) -> dict[str, Any]:
     """JSON-compatible, deterministic form of the whole projection."""
     conv = converter()

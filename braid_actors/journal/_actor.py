@@ -35,10 +35,16 @@ Subscribers get records committed after they subscribed, in order, through a mem
 ``buffer`` records behind is dropped — its channel is closed, so it sees ``EndOfChannel``
 after the records it already has — and may catch up from the journal by ``seq``.
 
+Group commit has a floor: two commits start at least ``commit_interval`` apart (1 ms by
+default). A request arriving sooner after a commit waits for the rest of the interval with
+every other such request, so under load one transaction (one fsync, one thread hop) carries
+what the interval gathered; a request arriving after a quiet spell is written at once.
+
 The head file (``journal.head``, the loss detector) is written by a task of the actor's own
-nursery right after each acknowledgement, coalescing commits under load, so its fsync is off
-the acknowledgement path; it trails the database by at most the commits in flight, which the
-journal tolerates by design (a database ahead of its head is not a fault).
+nursery after acknowledgements, at most once per ``head_interval`` (20 ms by default),
+coalescing commits under load, so its fsync is off the acknowledgement path; it trails the
+database by at most the commits of one interval, which the journal tolerates by design (a
+database ahead of its head is not a fault).
 
 Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interval`` seconds,
 in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
@@ -72,7 +78,9 @@ from ._records import AppendResult, CommittedRecord, NewRecord, Operation
 from ._store import Journal
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+    from braid_actors.journal._store import SealedSnapshot
 
 
 class Admission(Protocol):
@@ -91,11 +99,16 @@ class Admission(Protocol):
 class SnapshottingAdmission(Admission, Protocol):
     """An admission whose read model can be snapshotted."""
 
-    def snapshot(self) -> tuple[int, Mapping[str, Any]] | None:
+    def snapshot(
+        self,
+    ) -> tuple[int, Mapping[str, Any] | Callable[[], Mapping[str, Any]]] | None:
         """``(projection version, dumped read model)`` as of the last committed record.
 
         The mapping is encrypted in another thread while later commits go on, so it must be a
-        value that later ``committed`` calls do not mutate (a fresh dump, or immutable).
+        value that later ``committed`` calls do not mutate (a fresh dump, or immutable). In
+        place of the mapping, a callable that returns it may be given: it is called in that
+        thread (so it must only read values later ``committed`` calls do not mutate), which
+        keeps a large dump off the event loop.
         """
         ...
 
@@ -166,6 +179,8 @@ class _Actor:
     max_batch: int
     checkpoint_interval: float
     snapshot_every: int | None
+    commit_interval: float
+    head_interval: float
     ledger: dict[str, str]
     last_seq: int
     last_snapshot_seq: int
@@ -176,6 +191,7 @@ class _Actor:
     snapshotting: bool = False
     inflight: list[_Request] = attrs.Factory(list)
     head_dirty: trio.Event = attrs.Factory(trio.Event)
+    last_commit_at: float = float("-inf")
 
     async def serve(
         self, receive: trio.MemoryReceiveChannel[_Request], nursery: trio.Nursery
@@ -185,6 +201,14 @@ class _Actor:
                 first = await receive.receive()
             except trio.EndOfChannel:
                 return
+            # Group commit with a floor between commits: under load, requests that arrive
+            # within ``commit_interval`` of the previous commit wait for the rest of it and
+            # share one transaction (one fsync, one thread hop); an isolated request finds
+            # the interval long past and is written at once.
+            ready_at = self.last_commit_at + self.commit_interval
+            if not self.closing and trio.current_time() < ready_at:
+                await trio.sleep_until(ready_at)
+            self.last_commit_at = trio.current_time()
             batch = [first]
             while len(batch) < self.max_batch:
                 try:
@@ -301,9 +325,17 @@ class _Actor:
         self.last_snapshot_seq = self.last_seq
         nursery.start_soon(self._write_snapshot, self.last_seq, version, state)
 
-    async def _write_snapshot(self, seq: int, version: int, state: Mapping[str, Any]) -> None:
+    def _seal(
+        self, seq: int, version: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+    ) -> SealedSnapshot:
+        """Runs in a worker thread: dump (when given a callable) and encrypt a snapshot."""
+        return self.journal.seal_snapshot(seq, version, state() if callable(state) else state)
+
+    async def _write_snapshot(
+        self, seq: int, version: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+    ) -> None:
         try:
-            sealed = await trio.to_thread.run_sync(self.journal.seal_snapshot, seq, version, state)
+            sealed = await trio.to_thread.run_sync(self._seal, seq, version, state)
             async with self.writer:
                 await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
         finally:
@@ -325,7 +357,11 @@ class _Actor:
         while True:
             await self.head_dirty.wait()
             self.head_dirty = trio.Event()
+            began = trio.current_time()
             await trio.to_thread.run_sync(self.journal.write_head)
+            # At most one head fsync per ``head_interval``: commits in between are coalesced
+            # into the next write (the head may trail the database; see the module note).
+            await trio.sleep_until(began + self.head_interval)
 
     def abandon(self, receive: trio.MemoryReceiveChannel[_Request]) -> None:
         """Answer every request that will never be written, then close the channels."""
@@ -468,6 +504,8 @@ async def run_journal(
     max_batch: int = 512,
     checkpoint_interval: float = 1.0,
     snapshot_every: int | None = None,
+    commit_interval: float = 0.001,
+    head_interval: float = 0.02,
     task_status: trio.TaskStatus[JournalHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the journal actor; start it with ``await nursery.start(run_journal, journal)``.
@@ -476,10 +514,15 @@ async def run_journal(
     :meth:`JournalHandle.aclose` has drained the queue; raises when a write fails. With
     ``snapshot_every``, the admission must have a ``snapshot()`` method and a snapshot is
     written once at least that many records were committed since the actor started or since
-    the previous snapshot.
+    the previous snapshot. ``commit_interval`` is the least time between two commits (a
+    request arriving sooner waits for the rest of it, with every other such request: a
+    commit per interval under load, none delayed when isolated); ``head_interval`` the
+    least time between two head writes.
     """
     if capacity < 0 or max_batch < 1 or checkpoint_interval <= 0:
         raise ValueError("capacity >= 0, max_batch >= 1 and checkpoint_interval > 0 are required")
+    if commit_interval < 0 or head_interval < 0:
+        raise ValueError("commit_interval and head_interval must not be negative")
     snapshots: SnapshottingAdmission | None = None
     if snapshot_every is not None:
         if snapshot_every < 1:
@@ -495,6 +538,8 @@ async def run_journal(
         max_batch=max_batch,
         checkpoint_interval=checkpoint_interval,
         snapshot_every=snapshot_every,
+        commit_interval=commit_interval,
+        head_interval=head_interval,
         ledger=ledger,
         last_seq=journal.last_seq,
         last_snapshot_seq=journal.last_seq,

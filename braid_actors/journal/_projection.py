@@ -14,6 +14,7 @@ never leaves half a request in the write model.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from braid_actors import graph
@@ -23,7 +24,7 @@ from braid_actors.journal._records import CommittedRecord, NewRecord
 from braid_actors.model import EVENT_TYPES, Event, converter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from braid_actors.journal._store import Journal
 
@@ -133,8 +134,11 @@ class GraphAdmission:
         for listener in list(self.listeners):
             listener(records)
 
-    def snapshot(self) -> tuple[int, Mapping[str, Any]] | None:
-        return graph.PROJECTION_VERSION, graph.dump_state(self.read)
+    def snapshot(self) -> tuple[int, Callable[[], Mapping[str, Any]]] | None:
+        # Only the copy happens on the event loop; the dump runs in the snapshot's thread.
+        return graph.PROJECTION_VERSION, functools.partial(
+            graph.dump_state, graph.copy_state(self.read)
+        )
 
 
 class GraphProjector:

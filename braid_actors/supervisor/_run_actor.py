@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from braid_actors.supervisor._runs import RunsSupervisor
-    from braid_actors.workers import TreeSample
+    from braid_actors.workers import TreeSample, Watch
 
 DEFAULT_WALL_SECONDS = 3600.0
 RESUME_GRACE = 5.0
@@ -108,6 +108,7 @@ class RunActor:
         self._nursery: trio.Nursery | None = None
         self._children: dict[tuple[int, float], Worker] = {}
         self._sample: TreeSample | None = None
+        self._watches: list[Watch] = []
         self.limits: Limits = Limits()
 
     @property
@@ -337,7 +338,9 @@ class RunActor:
                     self.crossing = Crossing("wall_seconds", wall, wall)
                 else:
                     failure = f"the run exceeded Braid's {DEFAULT_WALL_SECONDS:g} s wall limit"
-            nursery.cancel_scope.cancel()  # the observer
+            for watch in self._watches:
+                watch.close()
+            nursery.cancel_scope.cancel()  # a sample being handled
         self.sink.close()
         await self._end(result, failure)
 
@@ -422,17 +425,10 @@ class RunActor:
         assert self._nursery is not None
         assert worker.pid is not None
         assert worker.create_time is not None
-        from braid_actors.workers import observe_tree
-
         key = ProcessKey(worker.pid, worker.create_time)
-        self._nursery.start_soon(
-            lambda: observe_tree(
-                key,
-                interval=self.sup.observe_interval,
-                on_sample=self._sampled,
-                table=self.sup.process_table,
-            )
-        )
+        # The supervisor's one observer samples it; the samples are handled in this run's
+        # nursery, so they end with the run.
+        self._watches.append(self.sup.hub.watch(key, self._sampled, self._nursery))
 
     async def _sampled(self, sample: TreeSample) -> None:
         sink = self.sink

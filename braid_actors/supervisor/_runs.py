@@ -38,7 +38,7 @@ from braid_actors.model import (
 )
 from braid_actors.providers import InteractionAnswer, Provider
 from braid_actors.supervisor._run_actor import RunActor
-from braid_actors.workers import ProcessTable, adopt, find_local_workers
+from braid_actors.workers import ObservationHub, adopt, find_local_workers
 from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
@@ -91,9 +91,9 @@ class RunsSupervisor:
         self.admission_limit = admission_limit
         self.default_limits = default_limits or Limits()
         self.observe_interval = observe_interval
-        # One read of the system's process table serves every run's observer for a quarter
-        # interval (see workers/_proctable.py): its cost no longer grows with the runs.
-        self.process_table = ProcessTable(max_age=observe_interval / 4)
+        # One observer samples every run's worker tree, one thread hop per interval, with
+        # one read of the process table per quarter interval (workers/_hub.py).
+        self.hub = ObservationHub(observe_interval)
         self.artifacts_dir = artifacts_dir
         self.evidence = evidence
         self._redactor = Redactor.create()
@@ -209,6 +209,7 @@ class RunsSupervisor:
     ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.hub.run)
             await self._reconcile()
             task_status.started(self)
             while True:

@@ -17,6 +17,7 @@ from braid_actors.workers._controls import (
     resume,
     stop,
 )
+from braid_actors.workers._hub import ObservationHub, Watch
 from braid_actors.workers._identity import ProcessKey
 from braid_actors.workers._launch import (
     LOCAL_WORKER_MODULE,
@@ -86,6 +87,7 @@ __all__ = [
     "Dimension",
     "LineReader",
     "Measured",
+    "ObservationHub",
     "ProcessInfo",
     "ProcessKey",
     "ProcessSnapshot",
@@ -97,6 +99,7 @@ __all__ = [
     "StopReport",
     "TreeObserver",
     "TreeSample",
+    "Watch",
     "WorkerProcess",
     "adopt",
     "control_path",

@@ -314,6 +314,8 @@ async def open_worker(
             "the worker process could not be started",
             details={"program": argv[0] if argv else None, "errno": exc.errno},
         ) from None
+    # This frame lives as long as the worker: don't keep a copy of the environment in it.
+    del env
     try:
         assert process.stdout is not None
         worker = WorkerProcess(

@@ -72,6 +72,7 @@ _STREAM_RE: Final = re.compile(r"\?stream\s+([0-9]+(?:\.[0-9]+)?)\s+([0-9]+(?:\.
 MAX_STREAM_RATE: Final = 100.0
 """Most part updates per second one ``?stream`` line may send."""
 _ALLOC_RE: Final = re.compile(r"\?alloc\s+([0-9]+)")
+_AT_RE: Final = re.compile(r"\?at\s+([0-9]+(?:\.[0-9]+)?)")
 MAX_BURN: Final = 60.0
 """Most CPU seconds one ``?burn`` line may use."""
 MAX_ALLOC_MB: Final = 2048
@@ -292,6 +293,8 @@ class Turn:
                 await self._burn(float(burn.group(1)))
             elif (alloc := _ALLOC_RE.fullmatch(line)) and int(alloc.group(1)) <= MAX_ALLOC_MB:
                 await self._alloc(int(alloc.group(1)))
+            elif (at := _AT_RE.fullmatch(line)) and float(at.group(1)) - time.time() <= MAX_SLEEP:
+                await self._wait_until(float(at.group(1)))
             else:
                 await self._stream(TextPart, f"You said: {line} ({self._held()})")
         return "completed", None
@@ -334,6 +337,10 @@ class Turn:
             await trio.sleep_until(start + n / rate)
             text += "."
             await self._emit(TextPart(part_id=part_id, text=text))
+
+    async def _wait_until(self, wall: float) -> None:
+        """Send nothing until the wall clock reads ``wall`` (a start line for many workers)."""
+        await trio.sleep(max(0.0, wall - time.time()))
 
     async def _burn(self, cpu_seconds: float) -> None:
         """Really use ``cpu_seconds`` of CPU (busy work), staying responsive to cancel."""

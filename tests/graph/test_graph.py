@@ -477,3 +477,23 @@ def _running_run_with_root_fresh(g: G) -> tuple[str, str, str]:
     conv = g.s.runs[run_id].conversation_id
     graph.apply(g.s, RunWorkerStarted(conv, run_id, root, edge, g.at()))
     return conv, run_id, root.worker_id
+
+
+def test_a_copied_state_keeps_its_dump_while_the_original_moves_on() -> None:
+    """copy_state (what a snapshot dumps in its thread) is not changed by later folds:
+    new turns, queue changes, part updates and run endings leave the copy's dump as it was."""
+    g = G()
+    b0 = g.conversation()
+    g.turn(b0, "one")
+    _, queued = g.turn(b0, "two", finish=False)
+    _, waiting = g.turn(b0, "three", finish=False)
+    before = graph.dump_state(g.s)
+    copy = graph.copy_state(g.s)
+    assert graph.dump_state(copy) == before
+    g.run_to_end(queued)  # pops the queue, replaces runs and messages, appends branch ids
+    g.run_to_end(waiting)
+    g.turn(b0, "four", finish=False)
+    assert g.s.queues[b0] != copy.queues[b0]
+    assert graph.dump_state(copy) == before
+    assert graph.checksum(copy) != graph.checksum(g.s)
+    assert copy.queues[b0] == [queued, waiting]

@@ -276,3 +276,37 @@ async def test_cancelled_producer(home: Path, key: bytes) -> None:
         assert [r.data["n"] for r in journal.read()] == [2]
     finally:
         journal.close()
+
+
+async def test_requests_within_the_commit_interval_share_the_next_commit(
+    home: Path, key: bytes
+) -> None:
+    """Requests arriving within ``commit_interval`` of a commit wait and go in one batch;
+    a request after a quiet spell longer than the interval is written at once."""
+    journal = GatedJournal.open(home, key).arm()
+    try:
+        async with running(journal, commit_interval=0.5) as handle, trio.open_nursery() as n:
+            n.start_soon(handle.append, [rec(1)])
+            assert len(await journal.next_commit()) == 1
+            journal.gate.release()
+            for i in range(3):  # three producers, 20 ms apart, all within the interval
+                n.start_soon(handle.append, [rec(10 + i)])
+                await trio.sleep(0.02)
+            assert len(await journal.next_commit()) == 3  # without the floor: 1, 1, 1
+            journal.gate.release()
+            await trio.sleep(0.6)  # a quiet spell longer than the interval
+            began = trio.current_time()
+            n.start_soon(handle.append, [rec(20)])
+            assert len(await journal.next_commit()) == 1
+            assert trio.current_time() - began < 0.4  # not held back by the floor
+            journal.gate.release()
+        assert journal.last_seq == 5
+    finally:
+        journal.close()
+
+
+async def test_negative_intervals_are_refused(journal: Journal) -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        await run_journal(journal, commit_interval=-1.0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        await run_journal(journal, head_interval=-1.0)

@@ -167,7 +167,7 @@ async def test_checkpoints_run_every_interval(
     try:
         async with trio.open_nursery() as nursery:
             handle: JournalHandle = await nursery.start(
-                functools.partial(run_journal, journal, checkpoint_interval=2.5)
+                functools.partial(run_journal, journal, checkpoint_interval=2.5, head_interval=0.0)
             )
             await handle.append([rec(1)])
             times = [await ticks.receive() - start for _ in range(3)]

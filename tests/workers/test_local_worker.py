@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -169,6 +170,17 @@ async def test_streaming_replaces_one_part(tmp_path: Path) -> None:
     texts = [p["text"] for p in parts]
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
     assert texts[-1] == "You said: hi there (0 earlier messages in this session)"
+
+
+async def test_at_holds_the_turn_silent_until_the_wall_clock_reads_it(tmp_path: Path) -> None:
+    """``?at T`` sends nothing before T; the next line runs after it."""
+    at = time.time() + 0.6
+    messages = await one_turn(tmp_path, f"?at {at:.3f}\n?stream 0.2 10")
+    parts = of_type(messages, "part")
+    assert time.time() >= at
+    assert parts[-1]["part"]["text"] == "Streaming.."
+    # Nothing but the session came before the wait ended: the first part is the stream's.
+    assert parts[0]["part"]["text"] == "Streaming."
 
 
 async def test_each_line_gets_its_own_part(tmp_path: Path) -> None:

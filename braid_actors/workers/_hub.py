@@ -1,0 +1,141 @@
+"""One observer for every watched process tree: a tick per interval, one thread hop per tick.
+
+:func:`~braid_actors.workers.observe_tree` gives each tree its own task, its own timer and
+its own worker-thread call per sample. With hundreds of runs that is hundreds of tasks kept
+alive and hundreds of thread hops per interval. An :class:`ObservationHub` keeps one
+:class:`~braid_actors.workers.TreeObserver` per watched tree and, once per ``interval``,
+samples every tree that is not still busy with its previous sample in one thread call (in
+chunks of :data:`CHUNK` trees, so no single call holds the interpreter for long), sharing
+one :class:`~braid_actors.workers.ProcessTable`.
+
+Each sample is handed to its watcher's ``on_sample`` in a short-lived task of the *watcher's*
+nursery (the run owns what its callback does, and its callback's failures are the run's),
+so a slow consumer delays only its own next sample, never the others'. A new watch gets its
+first sample promptly, without waiting for the tick. A watch ends after delivering a sample
+that found its tree empty, or when its watcher closes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import trio
+
+from braid_actors.workers._observe import ARGV_LIMIT, TreeObserver, TreeSample
+from braid_actors.workers._proctable import ProcessTable
+
+if TYPE_CHECKING:
+    from braid_actors.workers._identity import ProcessKey
+
+CHUNK: Final = 64
+"""Trees sampled per worker-thread call."""
+
+
+@attrs.define(eq=False)
+class Watch:
+    """One watched tree; :meth:`close` stops it (idempotent)."""
+
+    observer: TreeObserver
+    on_sample: Callable[[TreeSample], Awaitable[None]]
+    nursery: trio.Nursery
+    sampled: bool = False
+    """True once its first sample was taken."""
+    busy: bool = False
+    """A sample is being taken or delivered."""
+    closed: bool = False
+    last: TreeSample | None = None
+    """The last sample delivered."""
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def _deliver(self, sample: TreeSample) -> None:
+        try:
+            if not self.closed:
+                await self.on_sample(sample)
+                self.last = sample
+        finally:
+            self.busy = False
+            if sample.finished:
+                self.closed = True
+
+
+@attrs.define(eq=False)
+class ObservationHub:
+    """Samples every watched tree each ``interval`` seconds; run it with :meth:`run`."""
+
+    interval: float
+    argv_limit: int = ARGV_LIMIT
+    table: ProcessTable | None = None
+    """Shared by the observers; by default one that lasts a quarter interval."""
+    _watches: list[Watch] = attrs.Factory(list)
+    _new: trio.Event = attrs.Factory(trio.Event)
+    ticks: int = 0
+    """Interval ticks that sampled at least one tree (for tests and benchmarks)."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.interval > 0:
+            raise ValueError("interval must be positive")
+        if self.table is None:
+            self.table = ProcessTable(max_age=self.interval / 4)
+
+    @property
+    def watching(self) -> int:
+        """Trees watched now."""
+        return sum(1 for w in self._watches if not w.closed)
+
+    def watch(
+        self,
+        root: ProcessKey,
+        on_sample: Callable[[TreeSample], Awaitable[None]],
+        nursery: trio.Nursery,
+    ) -> Watch:
+        """Watch ``root``'s tree: ``on_sample`` gets each sample, in a task of ``nursery``."""
+        observer = TreeObserver.of(root, argv_limit=self.argv_limit, table=self.table)
+        watch = Watch(observer=observer, on_sample=on_sample, nursery=nursery)
+        self._watches.append(watch)
+        self._new.set()
+        return watch
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tick until cancelled; each tick samples the due trees and hands the samples out."""
+        task_status.started()
+        next_tick = trio.current_time() + self.interval
+        while True:
+            with trio.move_on_at(next_tick):
+                await self._new.wait()
+            self._new = trio.Event()
+            now = trio.current_time()
+            tick = now >= next_tick
+            if tick:
+                next_tick = max(next_tick + self.interval, now)
+            self._watches = [w for w in self._watches if not w.closed]
+            # On a tick every idle tree is due; between ticks only the new ones are.
+            due = [w for w in self._watches if not w.busy and (tick or not w.sampled)]
+            if not due:
+                continue
+            if tick:
+                self.ticks += 1
+            for w in due:
+                w.busy = True
+            for start in range(0, len(due), CHUNK):
+                chunk = due[start : start + CHUNK]
+                samples = await trio.to_thread.run_sync(_sample_all, chunk)
+                for w, sample in zip(chunk, samples, strict=True):
+                    w.sampled = True
+                    if w.closed:
+                        w.busy = False
+                        continue
+                    try:
+                        w.nursery.start_soon(w._deliver, sample)
+                    except RuntimeError:  # its nursery is closed: the watcher has gone
+                        w.busy = False
+                        w.closed = True
+
+
+def _sample_all(watches: list[Watch]) -> list[TreeSample]:
+    """Runs in a worker thread: one sample of each tree (each observer is used by one
+    thread at a time, since a busy watch is never sampled again until delivered)."""
+    return [w.observer.sample() for w in watches]

@@ -1,0 +1,115 @@
+"""The observation hub: one observer ticking for every watched tree, on real processes."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from braid_actors.workers import ObservationHub, TreeSample
+from tests.workers._procs import python, read_line
+
+SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(30)\n"
+SHORT = "import time\nprint('ready', flush=True)\ntime.sleep(0.3)\n"
+
+
+class Seen:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.samples: list[TreeSample] = []
+        self.delay = delay
+
+    async def __call__(self, sample: TreeSample) -> None:
+        self.samples.append(sample)
+        await trio.sleep(self.delay)
+
+
+async def test_watched_trees_are_sampled_every_tick_from_one_table() -> None:
+    hub = ObservationHub(0.2)
+    one_seen, two_seen = Seen(), Seen()
+    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
+        assert await read_line(one) == "ready"
+        assert await read_line(two) == "ready"
+        await n.start(hub.run)
+        hub.watch(one.info.key, one_seen, n)
+        hub.watch(two.info.key, two_seen, n)
+        await trio.sleep(1.1)
+        n.cancel_scope.cancel()
+    assert 4 <= len(one_seen.samples) <= 8
+    assert 4 <= len(two_seen.samples) <= 8
+    assert [s.number for s in one_seen.samples] == list(range(1, len(one_seen.samples) + 1))
+    assert all(s.root_alive for s in one_seen.samples + two_seen.samples)
+    assert hub.table is not None
+    # Both trees in every tick, but the system's table read about once per tick (it
+    # lasts a quarter interval), not once per tree per tick.
+    assert hub.table.reads <= hub.ticks + 2 < len(one_seen.samples) + len(two_seen.samples)
+
+
+async def test_a_new_watch_gets_its_first_sample_without_waiting_for_the_tick() -> None:
+    hub = ObservationHub(30.0)
+    seen = Seen()
+    async with python(SLEEPER) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        hub.watch(worker.info.key, seen, n)
+        with trio.fail_after(5):
+            while not seen.samples:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    assert seen.samples[0].number == 1
+    assert seen.samples[0].root_alive
+
+
+async def test_a_finished_tree_ends_its_watch_after_the_last_sample() -> None:
+    hub = ObservationHub(0.1)
+    seen = Seen()
+    async with python(SHORT) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        watch = hub.watch(worker.info.key, seen, n)
+        with trio.fail_after(10):
+            await worker.wait()
+            while not watch.closed:
+                await trio.sleep(0.05)
+        count = len(seen.samples)
+        await trio.sleep(0.4)
+        n.cancel_scope.cancel()
+    assert seen.samples[-1].finished
+    assert len(seen.samples) == count  # nothing after the last one
+    assert hub.watching == 0
+
+
+async def test_a_slow_consumer_delays_only_its_own_samples() -> None:
+    hub = ObservationHub(0.1)
+    slow, quick = Seen(delay=0.6), Seen()
+    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
+        assert await read_line(one) == "ready"
+        assert await read_line(two) == "ready"
+        await n.start(hub.run)
+        hub.watch(one.info.key, slow, n)
+        hub.watch(two.info.key, quick, n)
+        await trio.sleep(1.0)
+        n.cancel_scope.cancel()
+    assert len(slow.samples) <= 2  # one being handled at a time, none queued behind it
+    assert len(quick.samples) >= 6
+
+
+async def test_a_closed_watch_gets_nothing_more() -> None:
+    hub = ObservationHub(0.1)
+    seen = Seen()
+    async with python(SLEEPER) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        watch = hub.watch(worker.info.key, seen, n)
+        with trio.fail_after(5):
+            while len(seen.samples) < 2:
+                await trio.sleep(0.02)
+        watch.close()
+        count = len(seen.samples)
+        await trio.sleep(0.4)
+        n.cancel_scope.cancel()
+    assert len(seen.samples) <= count + 1  # at most the one already being taken
+    assert hub.watching == 0
+
+
+def test_an_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ObservationHub(0.0)
