@@ -28,7 +28,11 @@ async def run_watched(
         return await turn()
     ended: list[TurnResult] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch, control, nursery.cancel_scope)
-        ended.append(await turn())
+        # The watch starts only once a cancel is requested: no task per run waits for it.
+        remove = control.on_cancel(lambda: nursery.start_soon(watch, control, nursery.cancel_scope))
+        try:
+            ended.append(await turn())
+        finally:
+            remove()
         nursery.cancel_scope.cancel()
     return ended[0] if ended else None

@@ -107,7 +107,8 @@ class RunActor:
         self.sink: JournalSink | None = None
         self._nursery: trio.Nursery | None = None
         self._children: dict[tuple[int, float], Worker] = {}
-        self._sample: TreeSample | None = None
+        self._spend: WorkerSpend | None = None
+        """The last sample's figures (not the sample: that holds every process's details)."""
         self._watches: list[Watch] = []
         self.limits: Limits = Limits()
 
@@ -434,7 +435,11 @@ class RunActor:
         sink = self.sink
         if sink is None or sink.closed or sink.root_worker is None:
             return
-        self._sample = sample
+        self._spend = WorkerSpend(
+            cpu_seconds=sample.cpu_seconds,
+            rss_bytes=sample.peak_rss_bytes,
+            wall_seconds=sample.wall_seconds,
+        )
         run = self._run()
         conv = run.conversation_id
         root = sink.root_worker
@@ -458,12 +463,7 @@ class RunActor:
                         at,
                     )
                 )
-        spend = WorkerSpend(
-            cpu_seconds=sample.cpu_seconds,
-            rss_bytes=sample.peak_rss_bytes,
-            wall_seconds=sample.wall_seconds,
-        )
-        await self.sup.record(WorkerObserved(conv, self.run_id, root.worker_id, spend, at))
+        await self.sup.record(WorkerObserved(conv, self.run_id, root.worker_id, self._spend, at))
         self._check(self._measured())
 
     async def _child_spawned(self, snap: Any, root: Worker, conv: str, at: Any) -> None:
@@ -496,14 +496,14 @@ class RunActor:
 
     def _measured(self) -> Measured:
         run = self._run()
-        sample = self._sample
+        spend = self._spend
         return Measured(
             input_tokens=run.usage.input_tokens,
             output_tokens=run.usage.output_tokens,
             cost_usd=run.cost_usd,
-            wall_seconds=None if sample is None else sample.wall_seconds,
-            cpu_seconds=None if sample is None else sample.cpu_seconds,
-            rss_bytes=None if sample is None else sample.peak_rss_bytes,
+            wall_seconds=None if spend is None else spend.wall_seconds,
+            cpu_seconds=None if spend is None else spend.cpu_seconds,
+            rss_bytes=None if spend is None else spend.rss_bytes,
         )
 
     async def _check_usage(self) -> None:

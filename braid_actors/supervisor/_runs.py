@@ -119,10 +119,11 @@ class RunsSupervisor:
 
     async def record(self, event: Event) -> int:
         """Commit a run event; a shutdown in progress does not interrupt the record."""
-        with trio.CancelScope(shield=True):
-            with trio.fail_after(RECORD_DEADLINE):
-                seq = await commit(self.journal, event)
-        return seq
+        # One scope (shielded, with the deadline) rather than two: this is per event.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + RECORD_DEADLINE) as scope:
+            return await commit(self.journal, event)
+        assert scope.cancelled_caught
+        raise trio.TooSlowError
 
     async def keep_log(self, text: str) -> str | None:
         """Keep a worker's bounded stderr as a content-addressed artifact; its ``sha256:``.

@@ -45,8 +45,6 @@ class Watch:
     busy: bool = False
     """A sample is being taken or delivered."""
     closed: bool = False
-    last: TreeSample | None = None
-    """The last sample delivered."""
 
     def close(self) -> None:
         self.closed = True
@@ -55,7 +53,6 @@ class Watch:
         try:
             if not self.closed:
                 await self.on_sample(sample)
-                self.last = sample
         finally:
             self.busy = False
             if sample.finished:
