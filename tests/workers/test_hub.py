@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import trio
 
 from braid_actors.workers import ObservationHub, TreeSample
 from tests.workers._procs import python, read_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(30)\n"
 SHORT = "import time\nprint('ready', flush=True)\ntime.sleep(0.3)\n"
@@ -16,10 +21,18 @@ class Seen:
     def __init__(self, delay: float = 0.0) -> None:
         self.samples: list[TreeSample] = []
         self.delay = delay
+        self._changed = trio.Event()
 
     async def __call__(self, sample: TreeSample) -> None:
         self.samples.append(sample)
+        self._changed.set()
+        self._changed = trio.Event()
         await trio.sleep(self.delay)
+
+    async def until(self, check: Callable[[list[TreeSample]], bool]) -> None:
+        with trio.fail_after(10):
+            while not check(self.samples):
+                await self._changed.wait()
 
 
 async def test_watched_trees_are_sampled_every_tick_from_one_table() -> None:
@@ -50,9 +63,7 @@ async def test_a_new_watch_gets_its_first_sample_without_waiting_for_the_tick() 
         assert await read_line(worker) == "ready"
         await n.start(hub.run)
         hub.watch(worker.info.key, seen, n)
-        with trio.fail_after(5):
-            while not seen.samples:
-                await trio.sleep(0.01)
+        await seen.until(bool)
         n.cancel_scope.cancel()
     assert seen.samples[0].number == 1
     assert seen.samples[0].root_alive
@@ -65,10 +76,9 @@ async def test_a_finished_tree_ends_its_watch_after_the_last_sample() -> None:
         assert await read_line(worker) == "ready"
         await n.start(hub.run)
         watch = hub.watch(worker.info.key, seen, n)
-        with trio.fail_after(10):
-            await worker.wait()
-            while not watch.closed:
-                await trio.sleep(0.05)
+        await seen.until(lambda samples: bool(samples) and samples[-1].finished)
+        await trio.sleep(0.05)  # the delivery task ends
+        assert watch.closed
         count = len(seen.samples)
         await trio.sleep(0.4)
         n.cancel_scope.cancel()
@@ -99,9 +109,7 @@ async def test_a_closed_watch_gets_nothing_more() -> None:
         assert await read_line(worker) == "ready"
         await n.start(hub.run)
         watch = hub.watch(worker.info.key, seen, n)
-        with trio.fail_after(5):
-            while len(seen.samples) < 2:
-                await trio.sleep(0.02)
+        await seen.until(lambda samples: len(samples) >= 2)
         watch.close()
         count = len(seen.samples)
         await trio.sleep(0.4)
