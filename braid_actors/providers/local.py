@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -316,8 +317,21 @@ class _Turn:
             return self._failed(str(silent))
 
     async def _messages(self) -> TurnResult:
+        # One idle deadline for the whole stream, moved before each receive (a scope per
+        # message costs more than anything else done per message).
+        with trio.CancelScope() as idle:
+            result = await self._stream(idle)
+        if idle.cancelled_caught:
+            raise _Silent(
+                f"worker_unresponsive: the local worker sent nothing for {self.timeouts.idle:g} s"
+            )
+        return result
+
+    async def _stream(self, idle: trio.CancelScope) -> TurnResult:
         while True:
-            message = await self._receive(self.timeouts.idle)
+            idle.deadline = trio.current_time() + self.timeouts.idle
+            message = await self._next()
+            idle.deadline = math.inf  # handling it (an answer may take long) is not idle
             if message is None:
                 return await self._ended_early()
             if message["type"] == "hello" and isinstance(self.worker, SpoolSource):
@@ -341,6 +355,11 @@ class _Turn:
             with trio.CancelScope(shield=True):
                 await self.cancel_worker()
             return self._failed(str(silent))
+
+    async def _next(self) -> dict[str, Any] | None:
+        if isinstance(self.worker, SpoolSource) and (ready := self.worker.buffered()):
+            return ready
+        return await self.worker.receive()
 
     async def _receive(self, seconds: float) -> dict[str, Any] | None:
         if isinstance(self.worker, SpoolSource) and (ready := self.worker.buffered()):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import cattrs
+import orjson
 import trio
 
 from braid_actors.errors import ProviderProtocolError, WorkerLineTooLong
@@ -86,7 +87,7 @@ def decode_message(line: bytes, *, number: int) -> dict[str, Any]:
     Raises :class:`ProviderProtocolError` otherwise (``details`` name the line number).
     """
     try:
-        value = json.loads(line)
+        value = orjson.loads(line)  # stricter than json (no NaN) and several times faster
     except ValueError:
         raise ProviderProtocolError(
             "a protocol line is not JSON", details={"line": number}
