@@ -76,6 +76,8 @@ class SpoolSource:
     policy: StopPolicy
     _offset: int = 0
     _buffer: bytes = b""
+    _pos: int = 0
+    """Where the unread part of ``_buffer`` starts (slicing per line would be quadratic)."""
     _lines: int = 0
     stop_report: StopReport | None = None
 
@@ -84,12 +86,15 @@ class SpoolSource:
 
     def buffered(self) -> dict[str, Any] | None:
         """A message already read from the spool, without waiting (replay is not timed)."""
-        while (nl := self._buffer.find(b"\n")) >= 0:
-            line, self._buffer = self._buffer[:nl], self._buffer[nl + 1 :]
+        while (nl := self._buffer.find(b"\n", self._pos)) >= 0:
+            line, self._pos = self._buffer[self._pos : nl], nl + 1
             self._lines += 1
             if line:
                 return decode_message(line, number=self._lines)
         return None
+
+    def _append(self, chunk: bytes) -> None:
+        self._buffer, self._pos = self._buffer[self._pos :] + chunk, 0
 
     async def receive(self) -> dict[str, Any] | None:
         """The next spool message; waits for more while the worker runs."""
@@ -99,13 +104,13 @@ class SpoolSource:
                 return ready
             chunk = await trio.to_thread.run_sync(self._read_more)
             if chunk:
-                self._buffer += chunk
+                self._append(chunk)
                 continue
             if not self._alive():
                 # One last read: the worker may have written its end just before exiting.
                 chunk = await trio.to_thread.run_sync(self._read_more)
                 if chunk:
-                    self._buffer += chunk
+                    self._append(chunk)
                     continue
                 return None
             await trio.sleep(FOLLOW_POLL)

@@ -239,6 +239,10 @@ class LocalProvider:
         )
 
 
+_IDLE_REFRESH: Final = 1.0
+"""Seconds between two moves of a stream's idle deadline."""
+
+
 class _Silent(Exception):
     """The worker said nothing within a deadline (internal: becomes a failed result)."""
 
@@ -328,10 +332,19 @@ class _Turn:
         return result
 
     async def _stream(self, idle: trio.CancelScope) -> TurnResult:
+        refreshed = -math.inf
         while True:
-            idle.deadline = trio.current_time() + self.timeouts.idle
-            message = await self._next()
-            idle.deadline = math.inf  # handling it (an answer may take long) is not idle
+            message = self._buffered()
+            if message is None:
+                # Moving a deadline costs more than a message: it is moved at most once a
+                # second, so "idle" may end up to a second early (of 120 s by default).
+                now = trio.current_time()
+                if now - refreshed >= _IDLE_REFRESH:
+                    idle.deadline, refreshed = now + self.timeouts.idle, now
+                message = await self.worker.receive()
+            if message is not None and message["type"] == "interaction":
+                # Waiting for an answer is not idleness: no deadline until the next receive.
+                idle.deadline, refreshed = math.inf, -math.inf
             if message is None:
                 return await self._ended_early()
             if message["type"] == "hello" and isinstance(self.worker, SpoolSource):
@@ -356,10 +369,11 @@ class _Turn:
                 await self.cancel_worker()
             return self._failed(str(silent))
 
-    async def _next(self) -> dict[str, Any] | None:
-        if isinstance(self.worker, SpoolSource) and (ready := self.worker.buffered()):
-            return ready
-        return await self.worker.receive()
+    def _buffered(self) -> dict[str, Any] | None:
+        """The next message a replayed spool already holds, if any (no waiting)."""
+        if isinstance(self.worker, SpoolSource):
+            return self.worker.buffered()
+        return None
 
     async def _receive(self, seconds: float) -> dict[str, Any] | None:
         if isinstance(self.worker, SpoolSource) and (ready := self.worker.buffered()):

@@ -316,7 +316,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--margin",
         type=float,
-        default=60.0,
+        default=120.0,
         help="seconds from submission to the common start line of every stream",
     )
     parser.add_argument("--events", type=int, default=100_000)
