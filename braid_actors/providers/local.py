@@ -240,7 +240,7 @@ class LocalProvider:
 
 
 _IDLE_REFRESH: Final = 1.0
-"""Seconds between two moves of a stream's idle deadline."""
+"""Most seconds between two moves of a stream's idle deadline."""
 
 
 class _Silent(Exception):
@@ -337,9 +337,10 @@ class _Turn:
             message = self._buffered()
             if message is None:
                 # Moving a deadline costs more than a message: it is moved at most once a
-                # second, so "idle" may end up to a second early (of 120 s by default).
+                # second (a tenth of the idle time if shorter), so "idle" may end up to that
+                # much early (a second of 120 s by default).
                 now = trio.current_time()
-                if now - refreshed >= _IDLE_REFRESH:
+                if now - refreshed >= min(_IDLE_REFRESH, self.timeouts.idle / 10):
                     idle.deadline, refreshed = now + self.timeouts.idle, now
                 message = await self.worker.receive()
             if message is not None and message["type"] == "interaction":

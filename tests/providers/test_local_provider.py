@@ -7,6 +7,7 @@ import os
 import signal
 import stat
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import attrs
@@ -509,6 +510,29 @@ async def test_silent_worker_hits_the_startup_deadline(tmp_path: Path) -> None:
     assert result.outcome == "failed"
     assert result.reason == "worker_unresponsive: the local worker sent nothing for 0.5 s"
     assert sink.gone()
+
+
+async def test_a_worker_silent_mid_turn_hits_the_idle_deadline(tmp_path: Path) -> None:
+    """A worker that stops sending (``?at`` far ahead) fails the turn at the idle deadline,
+    not before it nor long after it."""
+    sink = RecordingSink()
+    local = provider(tmp_path, idle=1.0, shell=0.5, cancel_grace=0.2, term_grace=1.0)
+    began = trio.current_time()
+    with trio.fail_after(20):
+        result = await local.run_turn(request(tmp_path, f"?at {time.time() + 60:.3f}"), sink)
+    assert result.outcome == "failed"
+    assert result.reason == "worker_unresponsive: the local worker sent nothing for 1 s"
+    assert 0.85 <= trio.current_time() - began < 10
+    assert sink.gone()
+
+
+async def test_a_worker_that_keeps_streaming_is_never_idle(tmp_path: Path) -> None:
+    """Messages 0.25 s apart for 2 s keep a 1 s idle deadline away the whole turn."""
+    sink = RecordingSink()
+    local = provider(tmp_path, idle=1.0, shell=0.5)
+    with trio.fail_after(20):
+        result = await local.run_turn(request(tmp_path, "?stream 2 4"), sink)
+    assert result.outcome == "completed", result.reason
 
 
 async def test_cancel_escalates_for_a_worker_that_ignores_it(tmp_path: Path) -> None:
