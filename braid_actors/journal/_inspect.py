@@ -6,13 +6,13 @@ may still create its empty ``-wal``/``-shm`` side files, which hold no data) and
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 
 from braid_actors.errors import JournalCorrupt, JournalError, WrongKey
 from braid_actors.model._codec import digest, parse_time
@@ -198,7 +198,7 @@ def open_event(sealer: Sealer, row: tuple[Any, ...]) -> CommittedRecord:
     seq, stream, type_, committed_at, nonce, ciphertext, _prev, row_hash = row
     try:
         plaintext = sealer.open(nonce, ciphertext, event_ad(seq, stream, type_, committed_at))
-        data = json.loads(plaintext)
+        data = orjson.loads(plaintext)
         when = parse_time(committed_at)
     except (DecryptError, ValueError, TypeError):
         raise JournalCorrupt(
@@ -219,7 +219,7 @@ def open_operation(
     """Decrypt an operation's recorded result."""
     try:
         plaintext = sealer.open(nonce, ciphertext, operation_ad(op_id, command, params_digest, seq))
-        result = json.loads(plaintext)
+        result = orjson.loads(plaintext)
     except (DecryptError, ValueError, TypeError):
         result = None
     if not isinstance(result, dict):
@@ -242,7 +242,7 @@ class SnapshotPayload:
 def open_snapshot(sealer: Sealer, seq: int, nonce: bytes, ciphertext: bytes) -> SnapshotPayload:
     """Decrypt a snapshot and check it against its row and its checksum."""
     try:
-        payload = json.loads(sealer.open(nonce, ciphertext, snapshot_ad(seq)))
+        payload = orjson.loads(sealer.open(nonce, ciphertext, snapshot_ad(seq)))
     except (DecryptError, ValueError, TypeError):
         raise JournalCorrupt(
             f"the snapshot at seq {seq} does not decrypt with its binding"

@@ -78,7 +78,9 @@ class GraphAdmission:
     def __init__(self, state: GraphState | None = None, *, seq: int = 0) -> None:
         base = state or GraphState()
         self.read: GraphState = base
-        self._write: GraphState = graph.load_state(graph.dump_state(base))
+        # The write model starts as a copy that shares the (frozen) entities: folds replace
+        # entities and never change them, so only the collections need their own copies.
+        self._write: GraphState = graph.copy_state(base)
         self.seq = seq
         """Journal sequence of the last record folded into the read model."""
         self.listeners: list[Any] = []
