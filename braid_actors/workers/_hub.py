@@ -49,7 +49,12 @@ class Watch:
     def close(self) -> None:
         self.closed = True
 
-    async def _deliver(self, sample: TreeSample) -> None:
+    async def _deliver(self, sample: TreeSample | Exception) -> None:
+        if isinstance(sample, Exception):
+            # Sampling this tree failed: it fails its watcher (as its own observer task
+            # would have), not the hub and every other watcher.
+            self.closed = True
+            raise sample
         try:
             if not self.closed:
                 await self.on_sample(sample)
@@ -132,7 +137,14 @@ class ObservationHub:
                         w.closed = True
 
 
-def _sample_all(watches: list[Watch]) -> list[TreeSample]:
+def _sample_all(watches: list[Watch]) -> list[TreeSample | Exception]:
     """Runs in a worker thread: one sample of each tree (each observer is used by one
-    thread at a time, since a busy watch is never sampled again until delivered)."""
-    return [w.observer.sample() for w in watches]
+    thread at a time, since a busy watch is never sampled again until delivered); a
+    failure is returned in its tree's place."""
+    samples: list[TreeSample | Exception] = []
+    for w in watches:
+        try:
+            samples.append(w.observer.sample())
+        except Exception as exc:  # handed to the tree's own watcher
+            samples.append(exc)
+    return samples

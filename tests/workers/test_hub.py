@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from braid_actors.workers import ObservationHub, TreeSample
+from braid_actors.workers import ObservationHub, ProcessTable, TreeSample
 from tests.workers._procs import python, read_line
 
 if TYPE_CHECKING:
@@ -121,3 +121,26 @@ async def test_a_closed_watch_gets_nothing_more() -> None:
 def test_an_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         ObservationHub(0.0)
+
+
+async def test_a_failing_sample_fails_its_watcher_only() -> None:
+    hub = ObservationHub(0.1)
+    quick = Seen()
+
+    def broken() -> dict[int, int]:
+        raise RuntimeError("the process table could not be read")
+
+    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
+        assert await read_line(one) == "ready"
+        assert await read_line(two) == "ready"
+        await n.start(hub.run)
+        hub.watch(two.info.key, quick, n)
+        with pytest.raises(ExceptionGroup) as failed:  # noqa: PT012
+            async with trio.open_nursery() as watcher:
+                watch = hub.watch(one.info.key, Seen(), watcher)
+                watch.observer.table = ProcessTable(read=broken)
+                await trio.sleep_forever()
+        assert failed.group_contains(RuntimeError, match="could not be read")
+        count = len(quick.samples)
+        await quick.until(lambda samples: len(samples) >= count + 3)  # the hub goes on
+        n.cancel_scope.cancel()
