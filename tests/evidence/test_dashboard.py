@@ -31,6 +31,7 @@ CODEX_FILE = CODEX / "samples" / "codex_session.jsonl"
 EDITED = FIXTURES / "claude-code" / "lanegrid__agtrace" / "crates" / "agtrace-providers"
 EDITED_FILE = EDITED / "tests" / "samples" / "claude_session.jsonl"
 TOOL_KINDS = ("tool_call", "tool_result")
+SECRET = "sk-ant-api03-" + "Zq7" * 12
 ARTIFACT_KEYS = {
     "schema_version",
     "kind",
@@ -87,6 +88,8 @@ def _observations(store: EvidenceStore, run: str) -> list[ProcessObservation]:
     assert found
     lone = parse_time("2030-01-01T00:00:00Z")
     found.append(ProcessObservation(9999, 1, ("sleep", "1"), lone, run_id=run))
+    header = f"Authorization: Bearer {SECRET}"
+    found.append(ProcessObservation(9998, 1, ("curl", "-H", header), lone, run_id=run))
     return found
 
 
@@ -311,6 +314,25 @@ async def test_every_catalog_node_is_read_by_the_artifact_route(dash: Dash) -> N
                 assert page["content_state"] == content["state"]
                 assert page["reason"] == content.get("reason", "source_not_recorded")
                 assert page["total_bytes"] is None
+
+
+async def test_runtime_records_are_served_redacted(dash: Dash) -> None:
+    """A runtime event whose command line held a token is catalogued without it, and its
+    database record reads back with the redaction marker and redacted true."""
+    run = dash.served.run_id
+    pages = await walk(dash, run)
+    assert SECRET not in json.dumps(pages)
+    conn = sqlite3.connect(dash.served.home / DB_FILE)
+    (event_id,) = conn.execute(
+        "SELECT event_id FROM runtime_events WHERE run_id=? AND pid=9998", (run,)
+    ).fetchone()
+    conn.close()
+    (source,) = [s for page in pages for s in page["sources"] if s.get("node") == event_id]
+    assert source["label"] == "exec pid 9998" and "graph_node" not in source
+    page = await artifact(dash, node=event_id, mode="raw")
+    assert page["redacted"] is True and SECRET not in json.dumps(page)
+    record = json.loads(await read_whole(dash, event_id))
+    assert record["argv"][:2] == ["curl", "-H"] and "[REDACTED:" in record["argv"][2]
 
 
 async def test_utf8_paging_and_boundaries(dash: Dash) -> None:
