@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonschema_rs
 import pytest
 import trio
 
@@ -45,6 +46,12 @@ ARTIFACT_KEYS = {
     "total_bytes",
     "has_more",
 }
+
+
+def conforms(schema: str, body: dict[str, Any]) -> None:
+    """``body`` validates against the spec's component ``schema`` (every field and bound)."""
+    root = {"$ref": f"#/components/schemas/{schema}", "components": SPEC["components"]}
+    jsonschema_rs.validator_for(root).validate(body)
 
 
 @attrs.frozen
@@ -123,6 +130,7 @@ async def walk(dash: Dash, run: str, **scope: str) -> list[dict[str, Any]]:
         response = await get(f"{dash.url}/api/search/sources", params, dash.served.auth)
         assert response.status_code == 200, response.text
         page = response.json()
+        conforms("SearchSourcePage", page)
         assert page["schema_version"] == "agentprovenance.search_sources/v1"
         assert page["run_id"] == run and len(page["sources"]) <= 50
         if scope:
@@ -268,6 +276,7 @@ async def artifact(dash: Dash, **params: Any) -> dict[str, Any]:
     response = await get(f"{dash.url}/api/artifact", query, dash.served.auth)
     assert response.status_code == 200, response.text
     page: dict[str, Any] = response.json()
+    conforms("ArtifactPage", page)
     assert (
         set(page) >= ARTIFACT_KEYS and page["schema_version"] == "agentprovenance.artifact_page/v1"
     )
