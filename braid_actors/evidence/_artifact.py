@@ -105,13 +105,7 @@ class _Reader:
     # ---- resolution ------------------------------------------------------------------
 
     def by_hash(self, ref: str) -> dict[str, Any]:
-        cited = self.conn.execute(
-            "SELECT 1 FROM entries WHERE run_id=?1 AND (content_ref=?2 OR raw_ref=?2 OR "
-            "intent_ref=?2) UNION ALL SELECT 1 FROM runtime_reports WHERE run_id=?1 AND ref=?2 "
-            "LIMIT 1",
-            (self.run_id, ref),
-        ).fetchone()
-        if cited is not None:
+        if self.cited(ref):
             meta = self.conn.execute("SELECT * FROM objects WHERE ref=?", (ref,)).fetchone()
             if meta is not None:
                 return self.stored(ref, meta["media_type"], bool(meta["redacted"]))
@@ -131,6 +125,18 @@ class _Reader:
         if report is not None:
             return self.record(json.loads(report["body"]), ref)
         return self.missing("unavailable", "node_not_recorded")
+
+    def cited(self, ref: str) -> bool:
+        """Whether the run cites ``ref`` as a stored body (the indexed column first; the
+        source-record and intent columns have no index, so they are read last)."""
+        for query in (
+            "SELECT 1 FROM entries WHERE run_id=?1 AND content_ref=?2 LIMIT 1",
+            "SELECT 1 FROM runtime_reports WHERE run_id=?1 AND ref=?2 LIMIT 1",
+            "SELECT 1 FROM entries WHERE run_id=?1 AND (raw_ref=?2 OR intent_ref=?2) LIMIT 1",
+        ):
+            if self.conn.execute(query, (self.run_id, ref)).fetchone() is not None:
+                return True
+        return False
 
     def entry_id(self, revisions: list[dict[str, Any]]) -> dict[str, Any]:
         field = "content" if self.mode == "body" else "raw_content"

@@ -7,8 +7,7 @@ in byte pages. Sources come in successive stages, each in its own keyset order:
 1. ``context`` — the latest revision of every context entry that is not a tool record
    (messages, tasks, configuration, approvals, session records);
 2. ``versions`` — exact saved versions: every superseded revision of an entry (a record that
-   changed when its file was read again), one source per revision, ``node`` its exact
-   object (the stored body, else the revision's ``object_hash``);
+   changed when its file was read again), one source per revision;
 3. ``tools`` — the latest tool-call and tool-result entries;
 4. ``runtime_events`` — the run's stored runtime events (process observations), read by
    ``/api/artifact`` as database records (``content: {state: reader}``);
@@ -27,7 +26,9 @@ session is it (declared by the observation or set by a correlation edge to one o
 calls). Correlation reports cover the whole run, so they are not in a session's catalog.
 Related sessions and shared paths are never followed.
 
-``graph_node`` is a recorded graph destination: the first served link of an entry (see
+``node`` is always exact: an entry's stored body object; when none, the entry id if the
+entry has a single revision, else the revision's ``object_hash``. ``graph_node`` is a
+recorded graph destination: the first served link of an entry (see
 :mod:`._links`), or the tool call a runtime event is attributed to (``runtime_edges``).
 """
 
@@ -228,16 +229,26 @@ def _entry_item(
     if superseded:
         return entry_source(entry, superseded=True)
     links, _ = entry_links(conn, run_id, entry["id"])
-    return entry_source(entry, graph_node=links[0]["node_id"] if links else None)
+    revisions = conn.execute(
+        "SELECT COUNT(*) FROM entries WHERE run_id=? AND id=?", (run_id, entry["id"])
+    ).fetchone()[0]
+    return entry_source(
+        entry, graph_node=links[0]["node_id"] if links else None, only_revision=revisions == 1
+    )
 
 
 def entry_source(
-    entry: dict[str, Any], *, graph_node: str | None = None, superseded: bool = False
+    entry: dict[str, Any],
+    *,
+    graph_node: str | None = None,
+    superseded: bool = False,
+    only_revision: bool = False,
 ) -> dict[str, Any]:
     """The ``SearchSource`` of one stored entry (a superseded revision when ``superseded``).
 
-    ``node`` is exact: the stored body's object when there is one, else the revision's
-    ``object_hash`` (``/api/artifact`` then states why no body is stored).
+    ``node`` is exact: the stored body's object when there is one; else the entry id when
+    the entry has ``only_revision`` (an indexed read), else the revision's ``object_hash``.
+    ``/api/artifact`` then states why no body is stored.
     """
     source = entry["source"]
     parts = [entry["kind"], entry.get("tool_name") or entry.get("role")]
@@ -249,7 +260,11 @@ def entry_source(
         "category": CATEGORY[entry["kind"]],
         "kind": entry["kind"],
         "label": " ".join(str(part) for part in parts if part),
-        "node": content["ref"] if content.get("state") == "stored" else entry["object_hash"],
+        "node": content["ref"]
+        if content.get("state") == "stored"
+        else entry["id"]
+        if only_revision
+        else entry["object_hash"],
         "source_id": source["id"],
         "harness": source["harness"],
         "session_id": source["session_id"],

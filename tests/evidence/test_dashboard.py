@@ -179,6 +179,18 @@ def expected_catalog(
     return ids
 
 
+def expected_node(store: EvidenceStore, run: str, source: dict[str, Any]) -> str:
+    """The exact reader of an entry source: its stored body, else the entry id when the
+    entry has one revision (a superseded one is never that), else the revision's hash."""
+    entry = source["entry"]
+    if entry["content"].get("state") == "stored":
+        return str(entry["content"]["ref"])
+    revisions = store.entries(run, entry=entry["id"], revisions=True)["entries"]
+    if len(revisions) == 1:
+        return str(entry["id"])
+    return str(entry["object_hash"])
+
+
 async def test_catalog_lists_every_stage_in_order(dash: Dash) -> None:
     """Followed by cursor, the catalog is the latest context entries, then the superseded
     revision, then the tool records, then the runtime events and the correlation report:
@@ -204,8 +216,7 @@ async def test_catalog_lists_every_stage_in_order(dash: Dash) -> None:
                 entry["source"]["id"],
                 entry["source"]["session_id"],
             )
-            stored = entry["content"].get("state") == "stored"
-            assert source["node"] == (entry["content"]["ref"] if stored else entry["object_hash"])
+            assert source["node"] == expected_node(store, run, source)
             if source["id"].startswith("entry:"):
                 assert entry == store.entries(run, entry=entry["id"])["entries"][0]
                 links = store.links(run, entry["id"])["links"]
@@ -230,6 +241,9 @@ async def test_nothing_is_catalogued_that_the_store_does_not_hold(dash: Dash) ->
     sources = [s for page in await walk(dash, run) for s in page["sources"]]
     assert [s["id"] for s in sources] == expected_catalog(dash.served.home, run)
     assert sources and all(s["id"].startswith("entry:") for s in sources)
+    with EvidenceStore.open(dash.served.home) as store:
+        assert all(s["node"] == expected_node(store, run, s) for s in sources)
+    assert any(s["node"].startswith("ctx_") for s in sources)
 
 
 async def test_session_scope_keeps_only_that_sessions_records(dash: Dash) -> None:
@@ -272,6 +286,7 @@ async def test_catalog_cursors_are_bound_to_run_and_scope(dash: Dash) -> None:
 
 
 async def artifact(dash: Dash, **params: Any) -> dict[str, Any]:
+    """One authorized /api/artifact page of the main run (unless ``run`` is given)."""
     query = {"run": dash.served.run_id, **params}
     response = await get(f"{dash.url}/api/artifact", query, dash.served.auth)
     assert response.status_code == 200, response.text
@@ -296,15 +311,18 @@ async def read_whole(dash: Dash, node: str, mode: str = "body", limit: int = 655
         offset = page["next_offset"]
 
 
-async def test_every_catalog_node_is_read_by_the_artifact_route(dash: Dash) -> None:
+@pytest.mark.parametrize("which", ["detailed", "basic"])
+async def test_every_catalog_node_is_read_by_the_artifact_route(dash: Dash, which: str) -> None:
     """Each source's node opens in /api/artifact: stored bodies verified and equal to the
-    content route's bytes, an omitted body its explicit state, a runtime event its
-    database record, the correlation report its object."""
-    run = dash.served.run_id
+    content route's bytes, an omitted body (basic retention) its explicit state, a runtime
+    event its database record, the correlation report its object."""
+    run = dash.served.run_id if which == "detailed" else dash.other_run
     sources = [s for page in await walk(dash, run) for s in page["sources"]]
+    states = {s["content"]["state"] for s in sources}
+    assert states == ({"stored", "reader"} if which == "detailed" else {"stored", "omitted"})
     with EvidenceStore.open(dash.served.home) as store:
         for source in sources:
-            page = await artifact(dash, node=source["node"])
+            page = await artifact(dash, node=source["node"], run=run)
             content = source["content"]
             if content["state"] == "stored":
                 assert page["source"] == "object" and page["integrity"] == "object_hash_verified"
