@@ -13,7 +13,10 @@ Two ports, both bound to 127.0.0.1 only:
 
 * the API port serves ``/v1/context/{overview,entries,session-relations,content,links,compare}``;
 * the dashboard port (``dashboard=True``) serves the same routes under ``/api/context/`` plus
-  ``/api/compare/records``, ``/api/search/sources`` and ``/api/artifact``.
+  ``/api/compare/records`` (:mod:`._records`), ``/api/search/sources`` (the staged catalog,
+  :mod:`._catalog`) and ``/api/artifact`` (every node the routes hand out, :mod:`._artifact`).
+  Those three document 500, not 503, for an unreadable index; ``/api/artifact`` documents no
+  404, so an unknown run is 400 there and an unrecorded node an explicit ``unavailable`` page.
 
 Authentication. Every route except ``/openapi.json`` needs ``Authorization: Bearer TOKEN``,
 on both ports: the dashboard mirror carries the same evidence as ``/v1/context``, so leaving

@@ -20,6 +20,8 @@ from braid_actors.errors import (
     EvidenceReadFailed,
 )
 
+from ._artifact import artifact_page
+from ._catalog import entry_source, search_page
 from ._materialize import SCHEMA
 
 if TYPE_CHECKING:
@@ -31,15 +33,6 @@ MAX_DEPTH: Final = 32
 MAX_CHANGES: Final = 200
 PREVIEW_BYTES: Final = 512
 _READ_PAGE: Final = 262_144
-_CATEGORY: Final = {
-    "message": "messages",
-    "tool_call": "tools",
-    "tool_result": "tools",
-    "task": "configuration",
-    "configuration": "configuration",
-    "approval": "configuration",
-    "session": "configuration",
-}
 
 
 def find_entry(store: EvidenceStore, run_id: str, entry_id: str) -> dict[str, Any]:
@@ -168,107 +161,30 @@ def snapshot_value(value: Any) -> dict[str, Any]:
 # ---- dashboard -------------------------------------------------------------------------
 
 
-def search_sources(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:
-    """``SearchSourcePage`` of the run's latest context entries (50 a page).
-
-    Only the context-revision stage is catalogued: the store keeps no artifact versions, and
-    its runtime records have no reader here, so the catalog ends after the entries.
-    """
-    run_id, harness, session = values["run"], values["harness"], values["session"]
-    if (harness is None) != (session is None):
-        raise EvidenceInvalidArgument(
-            "session scope needs both harness and session",
-            details={"field": "session" if session is None else "harness"},
-        )
-    if harness is not None:
-        # Raises content_not_found when the native session does not occur in the run.
-        store.session_relations(run_id, harness=harness, session=session, limit=1)
-    page = store.entries(
-        run_id, harness=harness, session=session, cursor=values["cursor"], limit=50
-    )
-    body: dict[str, Any] = {
-        "schema_version": "agentprovenance.search_sources/v1",
-        "run_id": page["run_id"],
-        "sources": [search_source(entry) for entry in page["entries"]],
-        "has_more": page["has_more"],
-    }
-    if harness is not None:
-        body.update(harness=harness, session_id=session)
-    if "next_cursor" in page:
-        body["next_cursor"] = page["next_cursor"]
-    return body
-
-
 def search_source(entry: dict[str, Any]) -> dict[str, Any]:
-    source = entry["source"]
-    label = " ".join(
-        str(part) for part in (entry["kind"], entry.get("tool_name") or entry.get("role")) if part
+    """The ``SearchSource`` of one entry (the comparison records' ``evidence``)."""
+    return entry_source(entry)
+
+
+def search_sources(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:
+    """``SearchSourcePage``: the staged catalog of :mod:`._catalog`."""
+    return store.read_with(
+        lambda conn, codec, _objects: search_page(
+            conn, codec, values["run"], values["harness"], values["session"], values["cursor"]
+        )
     )
-    item: dict[str, Any] = {
-        "id": f"entry:{entry['id']}",
-        "category": _CATEGORY[entry["kind"]],
-        "kind": entry["kind"],
-        "label": label,
-        "source_id": source["id"],
-        "harness": source["harness"],
-        "session_id": source["session_id"],
-        "entry": entry,
-        "content": entry["content"],
-    }
-    if "ref" in entry["content"]:
-        item["node"] = entry["content"]["ref"]
-    for field in ("agent_id", "tool_call_id", "recorded_at", "execution_scope"):
-        if field in entry:
-            item[field] = entry[field]
-    return item
 
 
 def artifact(store: EvidenceStore, values: dict[str, Any]) -> dict[str, Any]:
-    """``ArtifactPage`` of a stored object the run cites; other nodes are ``unavailable``."""
-    run_id, node, offset = values["run"], values["node"], values["offset"]
-    base: dict[str, Any] = {
-        "schema_version": "agentprovenance.artifact_page/v1",
-        "mode": values["mode"],
-        "offset": offset,
-    }
-    try:
-        page = store.content(run_id, node, offset=offset, limit=values["limit"])
-    except EvidenceInvalidArgument as exc:
-        if exc.details.get("field") != "ref":
-            raise
-        page = None
-    except EvidenceContentNotFound:
-        page = None
-    if page is None:
-        store.overview(run_id)  # an unknown run is refused, not reported as unavailable
-        return {
-            **base,
-            "kind": "unavailable",
-            "content_state": "unavailable",
-            "reason": "node_not_recorded",
-            "size": 0,
-            "truncated": False,
-            "redacted": False,
-            "next_offset": offset,
-            "total_bytes": None,
-            "has_more": False,
-        }
-    body = {
-        **base,
-        "kind": "text",
-        "ref": page["ref"],
-        "source": "object",
-        "content_state": "stored",
-        "integrity": "object_hash_verified",
-        "sha256": page["sha256"],
-        "size": page["total_bytes"],
-        "mime": page["media_type"],
-        "truncated": page["has_more"],
-        "redacted": page["redacted"],
-        "next_offset": page["next_offset"],
-        "total_bytes": page["total_bytes"],
-        "has_more": page["has_more"],
-    }
-    if page["content"]:
-        body["content"] = page["content"]
-    return body
+    """``ArtifactPage`` of any node the routes hand out (see :mod:`._artifact`)."""
+    return store.read_with(
+        lambda conn, _codec, objects: artifact_page(
+            conn,
+            objects,
+            values["run"],
+            values["node"],
+            values["mode"],
+            values["offset"],
+            values["limit"],
+        )
+    )

@@ -13,6 +13,13 @@ or timing. The kinds:
 - ``compaction_agent``: a compaction agent's entries → the parent's ``compact_boundary``
   that follows them, and the boundary → the agent's first entry (the same rule as
   ``EvidenceStore.agent_links``);
+- ``session_delegation``: the ``delegation`` session relation where it is a graph edge: every
+  entry of a session a native spawn result names (Codex ``spawn_agent`` → ``agent_id``),
+  ingested into the same run → the spawning ``tool_call``, and the call → the spawned
+  session's first entry (evidence basis ``native_spawn_result``). The other session
+  relations (``same_session``, ``parent``, ``fork``, ``message_request``) have no entry-to-
+  tool-record edge, so the spec's ``EntryLinks`` cannot carry them; they are served by
+  ``/v1/context/session-relations`` only;
 - ``runtime_process``: a tool call → a runtime event the latest correlation pass attributed
   to it (replaced by each pass, from ``runtime_edges``).
 
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
     from ._parsed import Link
 
 FILE_KINDS: Final = ("tool_result", "api_response_group")
-RUN_KINDS: Final = ("task_agent", "compaction_agent")
+RUN_KINDS: Final = ("task_agent", "compaction_agent", "session_delegation")
 RUNTIME_KIND: Final = "runtime_process"
 MAX_LINKS: Final = 200
 RELATIONS: Final = {"tool_call": "context_tool_call", "tool_result": "context_tool_result"}
@@ -115,7 +122,7 @@ def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None
 
 
 def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
-    """Rebuild the run's cross-file links (subagents and compaction agents)."""
+    """Rebuild the run's cross-file links (subagents, compaction agents, delegations)."""
     conn.execute(
         f"DELETE FROM links WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
         (run_id, *RUN_KINDS),
@@ -180,7 +187,64 @@ def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
                 out.append(
                     (run_id, boundary["id"], member["id"], "compaction_agent", None, evidence)
                 )
+    out.extend(_delegation_links(conn, run_id))
     _insert(conn, out)
+
+
+def _delegation_links(
+    conn: sqlite3.Connection, run_id: str
+) -> list[tuple[str, str, str, str, str | None, str]]:
+    """``session_delegation`` rows: spawned sessions' entries ↔ the spawning tool call."""
+    out: list[tuple[str, str, str, str, str | None, str]] = []
+    for action in conn.execute(
+        "SELECT * FROM actions WHERE run_id=? AND kind='spawn' AND target IS NOT NULL "
+        "AND tool_call_id IS NOT NULL AND target != session_id ORDER BY pk",
+        (run_id,),
+    ).fetchall():
+        call = conn.execute(
+            "SELECT e.id FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE e.run_id=? "
+            "AND s.id=? AND e.latest=1 AND e.kind='tool_call' AND e.tool_call_id=? "
+            "ORDER BY e.sequence, e.ordinal LIMIT 1",
+            (run_id, action["source_id"], action["tool_call_id"]),
+        ).fetchone()
+        if call is None:
+            continue  # the call itself was not kept (e.g. history under basic)
+        children = [
+            row["id"]
+            for row in conn.execute(
+                "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? ORDER BY pk",
+                (run_id, action["harness"], action["target"]),
+            )
+        ]
+        if not children:
+            continue
+        members = _source_entries(conn, children)
+        for member in members:
+            evidence = _evidence(
+                basis="native_spawn_result",
+                value=action["target"],
+                tool_call_id=action["tool_call_id"],
+                action_entry_id=action["entry_id"],
+                action_object_hash=action["object_hash"],
+                parent_source_id=action["source_id"],
+                child_source_id=member["source_id"],
+            )
+            out.append(
+                (
+                    run_id,
+                    member["id"],
+                    call["id"],
+                    "session_delegation",
+                    "context_tool_call",
+                    evidence,
+                )
+            )
+            if member is members[0]:
+                relation = relation_of(member["kind"])
+                out.append(
+                    (run_id, call["id"], member["id"], "session_delegation", relation, evidence)
+                )
+    return out
 
 
 def compaction_boundary(

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from braid_actors.errors import (
     EvidenceContentNotFound,
@@ -35,7 +35,7 @@ from ._relations import session_relations
 from ._schema import connect, cursor_key
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import TracebackType
 
     from ._rows import IngestReport
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 MAX_SOURCES: Final = 256
 DEFAULT_CONTENT_LIMIT: Final = 65_536
+_T = TypeVar("_T")
 
 
 class EvidenceStore:
@@ -369,6 +370,12 @@ class EvidenceStore:
         """The run's ``RuntimeCoverage``."""
         with self._guard():
             return _runtime.coverage(self._conn, check_run(self._conn, run_id))
+
+    def read_with(self, read: Callable[[sqlite3.Connection, CursorCodec, ObjectStore], _T]) -> _T:
+        """Run a read defined in another module (``_catalog``, ``_artifact``) under the store's
+        lock; SQLite failures become ``store_unavailable`` as for every read here."""
+        with self._guard():
+            return read(self._conn, self._codec, self._objects)
 
     def _guard(self) -> _Guard:
         return _Guard(self._lock)

@@ -295,7 +295,7 @@ def spec_pinned(served: Served) -> dict[str, Any]:
     ids = [e["id"] for e in entries][:20]
     pins: dict[str, list[str]] = {
         "ref": refs,
-        "node": [*refs, "node_missing"],
+        "node": [*refs, *ids[:5], *(e["object_hash"] for e in entries[:5]), "node_missing"],
         "entry": ids,
         "left": [*snapshots, *ids[:2]],
         "right": [*snapshots, *ids[:2]],

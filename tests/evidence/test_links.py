@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -182,3 +183,95 @@ def test_an_entry_without_links_says_so_and_unknown_entries_are_404(home: Path) 
         }
         with pytest.raises(EvidenceContentNotFound):
             store.links(run_id, "ctx_missing")
+
+
+def _rollout(home: Path, name: str, session: str, *items: dict[str, Any], **meta: Any) -> Path:
+    from ._helpers import codex_line, codex_meta
+
+    records = [codex_meta(session, **meta)]
+    records += [codex_line("response_item", item) for item in items]
+    return jsonl(home / "rollouts" / f"{name}.jsonl", records)
+
+
+def _say(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _spawned(parent: str) -> dict[str, Any]:
+    return {"source": {"subagent": {"thread_spawn": {"parent_thread_id": parent}}}}
+
+
+def test_delegation_is_a_link_to_the_spawning_call(home: Path) -> None:
+    """A session a spawn result names, ingested into the same run (before or after its
+    spawner), links every entry to the spawning tool call, with the spawn result as
+    evidence. A message_request target, a child known only by its parent id, and a spawned
+    session in another run get no link: those relations are not graph edges."""
+    spawn = {
+        "type": "function_call",
+        "name": "spawn_agent",
+        "call_id": "c-spawn",
+        "arguments": json.dumps({"message": "go"}),
+    }
+    spawned = {
+        "type": "function_call_output",
+        "call_id": "c-spawn",
+        "output": json.dumps({"agent_id": "s-helper"}),
+    }
+    ask = {
+        "type": "function_call",
+        "name": "send_input",
+        "call_id": "c-ask",
+        "arguments": json.dumps({"id": "s-peer", "message": "more"}),
+    }
+    asked = {"type": "function_call_output", "call_id": "c-ask", "output": "{}"}
+    child = _rollout(home, "child", "s-helper", _say("hi"), _say("done"), **_spawned("s-lead"))
+    lead = _rollout(home, "lead", "s-lead", spawn, spawned, ask, asked)
+    peer = _rollout(home, "peer", "s-peer", _say("hello"))
+    orphan = _rollout(home, "orphan", "s-orphan", _say("alone"), **_spawned("s-lead"))
+    with EvidenceStore.open(home) as store:
+        for path in (child, lead, peer, orphan):
+            store.ingest(path, run_id="run_d", harness="codex")
+        store.ingest(child, run_id="run_e", harness="codex")
+        relations = store.session_relations("run_d", harness="codex", session="s-helper")
+        assert any(r["kind"] == "delegation" for r in relations["relations"])
+        _, pages = served(store, "run_d")
+        (call,) = [
+            e
+            for e, _ in pages.values()
+            if e.get("tool_call_id") == "c-spawn" and e["kind"] == "tool_call"
+        ]
+        (result,) = [
+            e
+            for e, _ in pages.values()
+            if e.get("tool_call_id") == "c-spawn" and e["kind"] == "tool_result"
+        ]
+        by_session: dict[str, list[set[str]]] = {}
+        for entry, body in pages.values():
+            targets = {link["node_id"] for link in body["links"]}
+            by_session.setdefault(entry["source"]["session_id"], []).append(targets)
+        assert len(by_session["s-helper"]) >= 3
+        assert all(targets == {call["id"]} for targets in by_session["s-helper"])
+        for session in ("s-peer", "s-orphan"):
+            assert all(not targets for targets in by_session[session])
+        _, elsewhere = served(store, "run_e")
+        assert all(not body["links"] for _, body in elsewhere.values())
+        conn = sqlite3.connect(home / "evidence.sqlite3")
+        rows = conn.execute(
+            "SELECT entry_id, node_id, relation, evidence FROM links "
+            "WHERE run_id='run_d' AND kind='session_delegation' ORDER BY entry_id, node_id"
+        ).fetchall()
+        helper_ids = {e["id"] for e, _ in pages.values() if e["source"]["session_id"] == "s-helper"}
+        assert {r[0] for r in rows if r[1] == call["id"]} == helper_ids
+        (back,) = [r for r in rows if r[0] == call["id"]]
+        assert back[1] in helper_ids
+        for row in rows:
+            evidence = json.loads(row[3])
+            assert evidence["basis"] == "native_spawn_result"
+            assert evidence["value"] == "s-helper" and evidence["tool_call_id"] == "c-spawn"
+            assert evidence["action_entry_id"] == result["id"]
+            assert evidence["action_object_hash"] == result["object_hash"]
+        before = conn.execute("SELECT * FROM links ORDER BY 1, 2, 3, 4").fetchall()
+        store.ingest(lead, run_id="run_d", harness="codex")
+        store.ingest(child, run_id="run_d", harness="codex")
+        assert conn.execute("SELECT * FROM links ORDER BY 1, 2, 3, 4").fetchall() == before
+        conn.close()
