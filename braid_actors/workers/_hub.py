@@ -4,9 +4,9 @@
 its own worker-thread call per sample. With hundreds of runs that is hundreds of tasks kept
 alive and hundreds of thread hops per interval. An :class:`ObservationHub` keeps one
 :class:`~braid_actors.workers.TreeObserver` per watched tree and, once per ``interval``,
-samples every tree that is not still busy with its previous sample in one thread call (in
-chunks of :data:`CHUNK` trees, so no single call holds the interpreter for long), sharing
-one :class:`~braid_actors.workers.ProcessTable`.
+samples every tree that is not still busy with its previous sample in one thread call per
+chunk of :data:`CHUNK` trees (so no single call holds the interpreter for long), the chunks
+spread over half the interval, sharing one :class:`~braid_actors.workers.ProcessTable`.
 
 Each sample is handed to its watcher's ``on_sample`` in a short-lived task of the *watcher's*
 nursery (the run owns what its callback does, and its callback's failures are the run's),
@@ -122,7 +122,12 @@ class ObservationHub:
                 self.ticks += 1
             for w in due:
                 w.busy = True
-            for start in range(0, len(due), CHUNK):
+            chunks = range(0, len(due), CHUNK)
+            for start in chunks:
+                if start:
+                    # Spread the chunks over half the interval: the samples' journal writes
+                    # then arrive in small groups instead of one burst per tick.
+                    await trio.sleep(self.interval / (2 * len(chunks)))
                 chunk = due[start : start + CHUNK]
                 samples = await trio.to_thread.run_sync(_sample_all, chunk)
                 for w, sample in zip(chunk, samples, strict=True):

@@ -144,3 +144,26 @@ async def test_a_failing_sample_fails_its_watcher_only() -> None:
         count = len(quick.samples)
         await quick.until(lambda samples: len(samples) >= count + 3)  # the hub goes on
         n.cancel_scope.cancel()
+
+
+async def test_chunks_of_a_tick_are_spread_over_half_the_interval() -> None:
+    """130 watches are sampled in 3 chunks of at most 64, 0.1 s apart at a 0.6 s interval."""
+    hub = ObservationHub(0.6)
+    first_seen: list[float] = []
+    all_seen = trio.Event()
+
+    async def note(sample: TreeSample) -> None:
+        if sample.number == 1:
+            first_seen.append(trio.current_time())
+            if len(first_seen) == 130:
+                all_seen.set()
+
+    async with python(SLEEPER) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        for _ in range(130):
+            hub.watch(worker.info.key, note, n)
+        with trio.fail_after(10):
+            await all_seen.wait()
+        n.cancel_scope.cancel()
+    assert max(first_seen) - min(first_seen) >= 0.2 - 0.01  # two gaps of 0.1 s
