@@ -35,6 +35,7 @@ it and only the new input; it is reported as a new session with copied context
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from pathlib import Path
@@ -43,7 +44,9 @@ from typing import Final
 import attrs
 import trio
 
+from braid_actors.errors import InvalidRequest
 from braid_actors.model import Usage
+from braid_actors.providers._claude_record import read_claude_turn
 from braid_actors.providers._claude_seed import CopyReport, Seed, plan_seed, write_records
 from braid_actors.providers._claude_stream import (
     find_session_file,
@@ -54,12 +57,16 @@ from braid_actors.providers._claude_stream import (
 from braid_actors.providers._claude_turn import ClaudeTurn, failed
 from braid_actors.providers._port import (
     Capabilities,
+    ReconcileRequest,
+    Reconciliation,
     RunControl,
     RunSink,
+    SessionClosed,
     SessionProof,
     TurnRequest,
     TurnResult,
 )
+from braid_actors.providers._reconcile import conclude, settle_workers
 from braid_actors.workers import StopPolicy, open_worker
 
 CLAUDE_CODE_CAPABILITIES: Final = Capabilities(
@@ -88,6 +95,9 @@ class ClaudeTimeouts:
     """After ``result`` (stdin closed), for the CLI to exit by itself."""
     term_grace: float = 2.0
     kill_grace: float = 2.0
+    reconcile_wait: float = 60.0
+    """After a restart, for an orphaned CLI to finish its turn by itself before it is
+    stopped (with its stdin closed it still completes the turn, then exits)."""
 
 
 @attrs.define(eq=False)
@@ -243,6 +253,50 @@ class ClaudeCodeProvider:
         path = session_file(self.config_dir, request.workspace, session_id)
         await trio.to_thread.run_sync(write_records, path, seed.records)
         return session_id, seed
+
+    async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
+        """After a restart: let an orphaned CLI finish (bounded), stop it, read its record.
+
+        Claude Code outlives Braid: with its stdin closed and its output pipe broken it
+        still completes the turn, writes it to its session file and exits, so it is given
+        ``timeouts.reconcile_wait`` (a permission request can never be answered any more,
+        which the bound covers), then stopped through the ladder. The session file then
+        decides (:mod:`._claude_record`).
+        """
+        timeouts = self.timeouts
+        settled = await settle_workers(
+            request.workers,
+            wait=timeouts.reconcile_wait,
+            policy=StopPolicy(
+                grace=0.0, term_grace=timeouts.term_grace, kill_grace=timeouts.kill_grace
+            ),
+        )
+        session = request.session_id
+        path = None if session is None else find_session_file(self.config_dir, session)
+        if session is None or path is None:
+            missing = "no session was reported" if session is None else "no transcript found"
+            return Reconciliation(None, f"after the restart {missing} ({settled})", settled)
+        try:
+            turn = await trio.to_thread.run_sync(
+                functools.partial(
+                    read_claude_turn, path, text=request.text, after=request.start_boundary
+                )
+            )
+        except (OSError, ValueError) as exc:
+            return Reconciliation(None, f"the transcript is unreadable: {exc}", settled)
+        proof = await self.prove_session(session)
+        return await conclude(request, sink, settled, turn, boundary=proof.last_message_id)
+
+    async def close_session(self, session_id: str) -> SessionClosed:
+        """Claude Code keeps no session on a server: nothing is released there, and its
+        session file is left alone (it is the user's); Braid only stops continuing it."""
+        if not is_claude_session_id(session_id):
+            raise InvalidRequest("not a Claude Code session id", details={"sessionId": session_id})
+        return SessionClosed(
+            session_id,
+            released=False,
+            detail="no server-side session; the session file is left in place",
+        )
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the CLI's transcript (never modifying it): its last message uuid."""

@@ -35,15 +35,19 @@ with copied context (``resumed`` false), its ``trace_path`` the rollout Braid wr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
 
+from braid_actors.errors import InvalidRequest
 from braid_actors.model import Usage
+from braid_actors.providers._codex_record import read_codex_turn
 from braid_actors.providers._codex_seed import (
     new_thread_id,
     plan_rollout,
@@ -59,12 +63,17 @@ from braid_actors.providers._codex_stream import (
 from braid_actors.providers._codex_turn import CodexTurn, failed
 from braid_actors.providers._port import (
     Capabilities,
+    ReconcileRequest,
+    Reconciliation,
     RunControl,
     RunSink,
+    SessionClosed,
+    SessionInfo,
     SessionProof,
     TurnRequest,
     TurnResult,
 )
+from braid_actors.providers._reconcile import conclude, settle_workers
 from braid_actors.workers import StopPolicy, open_worker
 
 if TYPE_CHECKING:
@@ -302,6 +311,61 @@ class CodexProvider:
         path = rollout_path(self.codex_home, thread)
         await trio.to_thread.run_sync(write_rollout, path, rollout.lines)
         return thread, rollout.report
+
+    async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
+        """After a restart: stop an orphaned ``exec`` at once, then read its rollout.
+
+        Waiting would gain nothing: ``exec`` keeps running after Braid dies (its stdin is
+        ``/dev/null``), but its output pipe is broken, and at its next event it aborts the
+        turn (``turn_aborted`` in the rollout) and exits. So it gets SIGINT (Codex's own
+        interrupt, recorded in the rollout) and ``cancel_grace``, then the ladder's SIGTERM
+        and SIGKILL. A turn that ended before that is in the rollout all the same
+        (:mod:`._codex_record`).
+        """
+        timeouts = self.timeouts
+        settled = await settle_workers(
+            request.workers,
+            wait=0.0,
+            policy=StopPolicy(
+                grace=timeouts.cancel_grace,
+                term_grace=timeouts.term_grace,
+                kill_grace=timeouts.kill_grace,
+            ),
+            interrupt=signal.SIGINT,
+        )
+        thread = request.session_id
+        path = None if thread is None else find_rollout(self.codex_home, thread)
+        if thread is None or path is None:
+            missing = "no thread was reported" if thread is None else "no rollout found"
+            return Reconciliation(None, f"after the restart {missing} ({settled})", settled)
+        if request.trace_path is None:  # a new thread's rollout is found after its turn
+            resumed = request.start_boundary is not None
+            await sink.session(SessionInfo(thread, resumed=resumed, trace_path=str(path)))
+        try:
+            turn = await trio.to_thread.run_sync(
+                functools.partial(
+                    read_codex_turn,
+                    path,
+                    thread_id=thread,
+                    text=request.text,
+                    after=request.start_boundary,
+                )
+            )
+        except (OSError, ValueError) as exc:
+            return Reconciliation(None, f"the rollout is unreadable: {exc}", settled)
+        proof = await self.prove_session(thread)
+        return await conclude(request, sink, settled, turn, boundary=proof.last_message_id)
+
+    async def close_session(self, session_id: str) -> SessionClosed:
+        """``codex exec`` keeps no session on a server: nothing is released there, and the
+        rollout is left alone (it is the user's); Braid only stops continuing the thread."""
+        if not is_codex_thread_id(session_id):
+            raise InvalidRequest("not a Codex thread id", details={"sessionId": session_id})
+        return SessionClosed(
+            session_id,
+            released=False,
+            detail="no server-side session; the rollout is left in place",
+        )
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the thread's rollout (never modifying it): its last ``response_item`` id."""
