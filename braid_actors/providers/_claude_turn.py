@@ -176,7 +176,7 @@ class ClaudeTurn:
         if not isinstance(session_id, str) or not is_claude_session_id(session_id):
             raise ProviderProtocolError("Claude Code's init names no session id")
         requested = self.request.session.session_id
-        fork = bool(self.request.options.get("fork_session"))
+        fork = self.request.session.fork
         resumed = requested is not None and not fork
         expected = self.seeded if self.seeded is not None else requested if resumed else None
         if expected is not None and session_id != expected:

@@ -38,7 +38,10 @@ async def reconcile_local(
         user_message_id="",
         assistant_message_id="",
         text=request.text,
-        session=SessionRequest(session_id=request.session_id),
+        # A continued session is named (the worker must be in it); a new one is not.
+        session=SessionRequest(
+            session_id=request.session_id if request.start_boundary is not None else None
+        ),
     )
 
     async def refuse(_: str) -> InteractionAnswer:

@@ -68,9 +68,17 @@ class SessionRequest:
     own record ends exactly at ``expected_boundary`` (and ``expected_digest`` when given).
     """
 
+    def __attrs_post_init__(self) -> None:
+        if self.fork and self.session_id is None:
+            raise ValueError("a fork names the session it forks")
+
     session_id: str | None = None
     expected_boundary: str | None = None
     expected_digest: str | None = None
+    fork: bool = False
+    """Run in a native fork of that session instead: a new session that holds the
+    session's history up to the (proven) boundary, the original left unchanged. Only for
+    a provider claiming ``sessions_fork``; every other one refuses (``fork_unsupported``)."""
 
 
 @attrs.frozen
@@ -279,3 +287,16 @@ class Provider(Protocol):
 
     async def close_session(self, session_id: str) -> SessionClosed:
         """Release a native session Braid will not continue (see :class:`SessionClosed`)."""
+
+
+def fork_refusal(request: TurnRequest, runner: str) -> TurnResult | None:
+    """For a provider without native forks: the refusal of a fork request (else None)."""
+    if not request.session.fork:
+        return None
+    return TurnResult(
+        outcome="failed",
+        reason=f"fork_unsupported: {runner} can't fork a native session",
+        usage=Usage(),
+        cost_usd=None,
+        session_id=None,
+    )

@@ -176,7 +176,7 @@ class ClaudeCodeProvider:
             argv += ["--resume", seeded]
         elif request.session.session_id is not None:
             argv += ["--resume", request.session.session_id]
-            if request.options.get("fork_session"):
+            if request.session.fork:
                 argv.append("--fork-session")
         return argv
 

@@ -72,6 +72,7 @@ from braid_actors.providers._port import (
     SessionProof,
     TurnRequest,
     TurnResult,
+    fork_refusal,
 )
 from braid_actors.providers._reconcile import conclude, settle_workers
 from braid_actors.workers import StopPolicy, open_worker
@@ -218,6 +219,9 @@ class CodexProvider:
         self, request: TurnRequest, sink: RunSink, control: RunControl | None = None
     ) -> TurnResult:
         """Run one turn in a new CLI process (see the module note)."""
+        refused = fork_refusal(request, self.name)  # exec has no native fork
+        if refused is not None:
+            return refused
         checked = await self._check_session(request)
         if isinstance(checked, str):
             return failed(checked, Usage(), request.session.session_id)

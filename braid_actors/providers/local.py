@@ -45,6 +45,7 @@ from braid_actors.providers._port import (
     TurnRequest,
     TurnResult,
     WorkerInfo,
+    fork_refusal,
 )
 from braid_actors.workers import (
     LOCAL_WORKER_MODULE,
@@ -144,6 +145,9 @@ class LocalProvider:
         started and :class:`~braid_actors.errors.ProviderProtocolError` when it breaks the
         protocol; every other ending is a :class:`TurnResult`.
         """
+        refused = fork_refusal(request, self.name)  # its sessions have no native fork
+        if refused is not None:
+            return refused
         timeouts = self.timeouts
         command = local_worker_command(
             self.sessions_dir,

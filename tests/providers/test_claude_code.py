@@ -296,9 +296,11 @@ async def test_resume_continues_the_session_and_sends_only_the_new_input(
         assert second.session_id == first.session_id
         assert second.session_boundary not in (None, first.session_boundary)
 
-        fork = SessionRequest(first.session_id, expected_boundary=second.session_boundary)
+        fork = SessionRequest(
+            first.session_id, expected_boundary=second.session_boundary, fork=True
+        )
         fork_sink = RecordingSink()
-        forked = await run(adapter, request(tmp_path, "three", fork, fork_session=True), fork_sink)
+        forked = await run(adapter, request(tmp_path, "three", fork), fork_sink)
         assert forked.outcome == "completed", forked.reason
         [fork_session] = fork_sink.sessions
         assert not fork_session.resumed
