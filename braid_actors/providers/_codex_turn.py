@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from braid_actors.errors import ProviderProtocolError
 from braid_actors.model import Usage
 from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._claude_seed import CopyReport
+from braid_actors.providers._codex_record import read_codex_turn
 from braid_actors.providers._codex_stream import (
     EventMapper,
     Totals,
@@ -34,7 +36,6 @@ from braid_actors.workers import WorkerProcess
 if TYPE_CHECKING:
     # Only the annotation: a real import would be a cycle (nothing resolves it at run time).
     from braid_actors.providers.codex import CodexProvider  # noqa: TC004
-
 
 class Silent(Exception):
     pass
@@ -64,6 +65,8 @@ class CodexTurn:
     session: SessionInfo | None = None
     usage: Usage = attrs.Factory(Usage)
     interrupt_sent: bool = False
+    """A cancel is under way (its SIGINT waits for the turn to start)."""
+    turn_started: trio.Event = attrs.Factory(trio.Event)
 
     async def run(self) -> TurnResult:
         info = self.worker.info
@@ -87,12 +90,22 @@ class CodexTurn:
         return result
 
     async def _watch_cancel(self, control: RunControl, scope: trio.CancelScope) -> None:
+        # Codex ignores a SIGINT that lands after it installed its handler but before its
+        # turn began — and every later one — so the interrupt waits for ``turn.started``
+        # (an exit before that ends the turn too). All within ``cancel_grace``.
         await control.cancel_requested.wait()
         self.interrupt_sent = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.worker.info.pgid, signal.SIGINT)
-        await trio.sleep(self.provider.timeouts.cancel_grace)
+        with trio.move_on_after(self.provider.timeouts.cancel_grace):
+            await self.turn_started.wait()
+            self.interrupt()
+            await trio.sleep_forever()  # until the turn returns (its end cancels this)
         scope.cancel()
+
+    def interrupt(self) -> None:
+        """SIGINT to the group: Codex's own interrupt (it aborts its turn and exits)."""
+        if self.worker.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.worker.info.pgid, signal.SIGINT)
 
     async def _guarded(self) -> TurnResult:
         try:
@@ -129,6 +142,8 @@ class CodexTurn:
         elif kind in ("item.started", "item.updated", "item.completed"):
             for part in self.mapper.item(line):
                 await self.sink.part(part)
+        elif kind == "turn.started":
+            self.turn_started.set()
         elif kind == "error":
             await self.sink.part(self.mapper.error(line))
         elif kind == "turn.completed":
@@ -187,16 +202,47 @@ class CodexTurn:
             await self.sink.session(self.session)
 
     async def _cancelled(self) -> TurnResult:
-        """After SIGINT: cancelled and acknowledged once the CLI has exited."""
+        """After SIGINT and the CLI's exit: cancelled, acknowledged only when provable.
+
+        The rollout decides: no turn recorded (the CLI stopped before its turn began, so no
+        model request was made) or the turn's ``turn_aborted``: acknowledged. A turn that
+        began and records no end was not shown to stop by itself: unacknowledged.
+        """
         await self.worker.wait()  # bounded by the cancel watcher's grace
+        proven, why = await self._abort_proven()
         return TurnResult(
-            outcome="cancelled",
-            reason=None if self.control is None else self.control.reason,
+            outcome="cancelled" if proven else "failed",
+            reason=(None if self.control is None else self.control.reason)
+            if proven
+            else f"cancel_unacknowledged: {why}",
             usage=self.usage,
             cost_usd=None,
             session_id=self._session_id(),
-            cancel_acknowledged=True,
+            cancel_acknowledged=proven,
         )
+
+    async def _abort_proven(self) -> tuple[bool, str]:
+        thread = self._session_id() or self.seeded or self.request.session.session_id
+        path = None if thread is None else find_rollout(self.provider.codex_home, thread)
+        if thread is None or path is None:
+            return True, "Codex exited before it recorded a thread"
+        try:
+            turn = await trio.to_thread.run_sync(
+                functools.partial(
+                    read_codex_turn,
+                    path,
+                    thread_id=thread,
+                    text=self.request.text,
+                    after=self.request.session.expected_boundary,
+                )
+            )
+        except (OSError, ValueError) as exc:
+            return False, f"the rollout is unreadable: {exc}"
+        if not turn.started:
+            return True, "Codex exited before its turn began"
+        if turn.ending.startswith("aborted"):
+            return True, "the rollout records the turn's abort"
+        return False, f"Codex exited after SIGINT but {turn.ending}"
 
     async def _ended_early(self) -> TurnResult:
         if self.interrupt_sent:

@@ -19,8 +19,12 @@ its stdin is closed at once (as ``/dev/null``: exec reads no more input).
   Codex reports no cost, so the cost is null. ``turn.failed`` fails the turn with its
   message; ``error`` events become error parts.
 * A cancel request sends SIGINT to the group (Codex aborts its turn, records
-  ``turn_aborted`` in the rollout and exits); exiting within ``cancel_grace`` acknowledges
-  the cancel, else the stop ladder (SIGTERM, SIGKILL) runs and it is unacknowledged.
+  ``turn_aborted`` in the rollout and exits) once ``turn.started`` was printed: an interrupt
+  that lands after Codex installed its handler but before its turn began is ignored, and
+  so is every later one (seen on 0.171.0), so an early cancel waits for the turn to start.
+  The cancel is acknowledged when the CLI exited within ``cancel_grace`` and its rollout
+  proves the end (no turn recorded, or the turn's ``turn_aborted``); else the stop ladder
+  (SIGTERM, SIGKILL) runs and it is unacknowledged.
 
 Continuing first reads the rollout (:meth:`CodexProvider.prove_session`): its last
 ``response_item`` id must equal ``expected_boundary``, else the turn is refused before any
