@@ -30,7 +30,7 @@ RunState = Literal[
 ]
 TERMINAL_RUN_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "unknown"})
 OutcomeKind = Literal["completed", "failed", "cancelled", "spend_limit_exceeded", "lost"]
-SessionMode = Literal["new", "continued", "handed_off"]
+SessionMode = Literal["new", "continued", "handed_off", "forked"]
 BindingState = Literal["unbound", "bound", "unavailable", "closed"]
 EdgeKind = Literal[
     "continued",
