@@ -260,13 +260,14 @@ class ClaudeCodeProvider:
         Claude Code outlives Braid: with its stdin closed and its output pipe broken it
         still completes the turn, writes it to its session file and exits, so it is given
         ``timeouts.reconcile_wait`` (a permission request can never be answered any more,
-        which the bound covers), then stopped through the ladder. The session file then
-        decides (:mod:`._claude_record`).
+        which the bound covers; a cancelled run gets no wait), then stopped through the
+        ladder. The session file then decides (:mod:`._claude_record`).
         """
         timeouts = self.timeouts
         settled = await settle_workers(
             request.workers,
-            wait=timeouts.reconcile_wait,
+            # A cancel journaled before the crash: no reason to let the turn go on.
+            wait=0.0 if request.cancel_requested else timeouts.reconcile_wait,
             policy=StopPolicy(
                 grace=0.0, term_grace=timeouts.term_grace, kill_grace=timeouts.kill_grace
             ),

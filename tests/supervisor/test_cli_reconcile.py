@@ -266,3 +266,55 @@ async def test_turn_finished_before_the_crash_is_collected_from_the_record(
             assert worker.status in ("exited", "killed")
             assert _gone({"pid": worker.pid, "createTime": worker.create_time, "pgid": worker.pgid})
         assert len(_model_calls(stub)) == 1
+
+
+@pytest.mark.parametrize("runner", ["claude_code", "codex"])
+async def test_cancel_journaled_before_the_crash_is_settled_truthfully(
+    tmp_path: Path, restarted: Any, runner: str
+) -> None:
+    """Braid dies right after committing a cancel: the restart stops the worker at once.
+    Codex records the abort (the cancel's acknowledgement: cancelled); Claude Code records
+    nothing when stopped, so its run is unknown — never a guessed cancel or success."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    slow = [{"text": "too late", "delay": 30}]
+    async with open_model_stub(parse_script({"anthropic": slow, "openai": slow})) as stub:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "braid_actors.cli.main", "headless"],
+            stdin=-1,
+            stdout=-1,
+            env=_env(home, stub, "op.cancel_run"),
+        )
+        first = Headless(proc)
+        conv = await first.ask(
+            "create_conversation", {"workspace": str(workspace), "runner": runner}
+        )
+        sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": PROMPT})
+        with trio.fail_after(60):
+            while not _model_calls(stub):  # noqa: ASYNC110 - the stub records requests
+                await trio.sleep(0.05)
+        workers = (await first.ask("list_workers", {"runId": sent["runId"]}))["workers"]
+        with pytest.raises(AssertionError):  # it dies at the point, before answering
+            await first.ask("cancel_run", {"runId": sent["runId"]})
+        assert await proc.wait() == -9
+        if runner == "claude_code":
+            provider: Provider = attrs.evolve(
+                claude_provider(tmp_path, stub), home=home / "runners" / runner / "home"
+            )
+        else:
+            provider = attrs.evolve(
+                codex_provider(tmp_path, stub), home=home / "runners" / runner / "home"
+            )
+        began = trio.current_time()
+        app: BraidApp = await restarted(home, provider)
+        record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 60})
+        assert trio.current_time() - began < 20  # stopped, not waited for
+        if runner == "codex":
+            assert record["state"] == "cancelled", record["outcome"]
+        else:
+            assert record["state"] == "unknown", record["outcome"]
+            assert "not provably over" in record["outcome"]["reason"]
+        assert _texts(app, record) == []
+        assert workers
+        assert all(_gone(w) for w in workers)
+        assert len(_model_calls(stub)) == 1
