@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     # Only the annotation: a real import would be a cycle (nothing resolves it at run time).
     from braid_actors.providers.codex import CodexProvider  # noqa: TC004
 
+
 class Silent(Exception):
     pass
 

@@ -16,21 +16,22 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Literal
 
+import psutil  # type: ignore[import-untyped, unused-ignore]
 import trio
 
 from braid_actors.errors import WorkerStopTimeout
-from braid_actors.providers._port import Reconciliation, TurnResult
+from braid_actors.providers._port import Reconciliation, TurnResult, WorkerInfo
 from braid_actors.workers import ProcessInfo, StopPolicy, recognise, stop
 
 if TYPE_CHECKING:
     import signal
     from collections.abc import Sequence
+    from pathlib import Path
 
     from braid_actors.providers._claude_record import RecordedTurn
     from braid_actors.providers._port import (
         ReconcileRequest,
         RunSink,
-        WorkerInfo,
         WorkersSettled,
     )
 
@@ -138,3 +139,26 @@ async def conclude(
         cancel_acknowledged=acknowledged,
     )
     return Reconciliation(result, f"the runner's record shows the turn {turn.ending}", settled)
+
+
+def find_strays(home: Path) -> list[WorkerInfo]:
+    """Processes whose ``HOME`` is ``home``: a CLI runner's processes (each Braid home gives
+    its runner a home of its own). After a restart, those of no recorded worker's group
+    were started by the previous supervisor but never journaled: nobody owns them."""
+    wanted = str(home)
+    found: list[WorkerInfo] = []
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        try:
+            if proc.environ().get("HOME") != wanted or proc.pid == os.getpid():
+                continue
+            found.append(
+                WorkerInfo(
+                    pid=proc.pid,
+                    create_time=float(proc.info["create_time"]),
+                    pgid=os.getpgid(proc.pid),
+                    command=tuple(proc.cmdline())[:32],
+                )
+            )
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found

@@ -65,8 +65,9 @@ from braid_actors.providers._port import (
     SessionProof,
     TurnRequest,
     TurnResult,
+    WorkerInfo,
 )
-from braid_actors.providers._reconcile import conclude, settle_workers
+from braid_actors.providers._reconcile import conclude, find_strays, settle_workers
 from braid_actors.workers import StopPolicy, open_worker
 
 CLAUDE_CODE_CAPABILITIES: Final = Capabilities(
@@ -253,6 +254,11 @@ class ClaudeCodeProvider:
         path = session_file(self.config_dir, request.workspace, session_id)
         await trio.to_thread.run_sync(write_records, path, seed.records)
         return session_id, seed
+
+    def strays(self) -> list[WorkerInfo]:
+        """Live processes of this runner (its ``HOME``), journaled or not; see
+        :func:`._reconcile.find_strays`."""
+        return find_strays(self.home)
 
     async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
         """After a restart: let an orphaned CLI finish (bounded), stop it, read its record.

@@ -76,9 +76,10 @@ from braid_actors.providers._port import (
     SessionProof,
     TurnRequest,
     TurnResult,
+    WorkerInfo,
     fork_refusal,
 )
-from braid_actors.providers._reconcile import conclude, settle_workers
+from braid_actors.providers._reconcile import conclude, find_strays, settle_workers
 from braid_actors.workers import StopPolicy, open_worker
 
 if TYPE_CHECKING:
@@ -319,6 +320,11 @@ class CodexProvider:
         path = rollout_path(self.codex_home, thread)
         await trio.to_thread.run_sync(write_rollout, path, rollout.lines)
         return thread, rollout.report
+
+    def strays(self) -> list[WorkerInfo]:
+        """Live processes of this runner (its ``HOME``), journaled or not; see
+        :func:`._reconcile.find_strays`."""
+        return find_strays(self.home)
 
     async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
         """After a restart: stop an orphaned ``exec`` at once, then read its rollout.

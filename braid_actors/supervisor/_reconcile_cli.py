@@ -12,6 +12,7 @@ workers are still stopped by identity, and the run is ``unknown``.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,11 +26,17 @@ from braid_actors.providers import (
     settle_workers,
 )
 from braid_actors.supervisor._sink import JournalSink
-from braid_actors.workers import StopPolicy
+from braid_actors.workers import ProcessInfo, StopPolicy
+from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from braid_actors.graph import GraphState
     from braid_actors.providers import Provider
     from braid_actors.supervisor._run_actor import RunActor
+
+_log = logging.getLogger("braid.supervisor")
 
 RECONCILE_DEADLINE = 300.0
 """Longest a provider's reconcile may take (its own waits are shorter)."""
@@ -95,3 +102,21 @@ async def reconcile_native(actor: RunActor, provider: Provider | None) -> None:
     if found.workers == "stopped":
         await actor._record_worker_exits("killed")
     await actor._end(found.result, None)
+
+
+async def stop_strays(state: GraphState, providers: Iterable[Provider]) -> None:
+    """Stop CLI runner processes no run recorded (spawned, then Braid died before
+    ``run.worker_started``). Called before any run actor starts, so none of them can be a
+    new dispatch; members of a recorded worker's group belong to that run and are left."""
+    groups = {w.pgid or w.pid for w in state.workers.values() if w.pid is not None}
+    for provider in providers:
+        strays = getattr(provider, "strays", None)
+        if strays is None:
+            continue
+        found: list[WorkerInfo] = await trio.to_thread.run_sync(strays)
+        for info in found:
+            if info.pgid in groups:
+                continue
+            _log.warning("stopping stray %s process %s", provider.name, info.pid)
+            with trio.CancelScope(shield=True):
+                await kill_process(ProcessInfo(info.pid, info.create_time, info.pgid, info.command))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,12 @@ import pytest
 import trio
 
 from braid_actors.app import BraidApp, call, open_app
-from braid_actors.providers import LocalProvider, Provider
+from braid_actors.providers import (
+    LocalProvider,
+    Provider,
+    SessionRequest,
+    TurnRequest,
+)
 from tests.cli._daemon import clean_env
 from tests.supervisor._cli import claude_provider, codex_provider
 from tests.supervisor.test_reconcile import Headless
@@ -318,3 +324,50 @@ async def test_cancel_journaled_before_the_crash_is_settled_truthfully(
         assert workers
         assert all(_gone(w) for w in workers)
         assert len(_model_calls(stub)) == 1
+
+
+async def test_cli_process_no_run_recorded_is_stopped_at_restart(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """A CLI the previous supervisor started but never journaled (it died in between) is
+    found by the runner home in its environment and stopped before anything is
+    dispatched; a CLI of another Braid home is left alone."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    async with open_model_stub(parse_script({"anthropic": []})) as stub:
+        ours = attrs.evolve(
+            claude_provider(tmp_path, stub), home=home / "runners" / "claude_code" / "home"
+        )
+        theirs = claude_provider(tmp_path / "elsewhere", stub)
+        started = []
+        for provider in (ours, theirs):
+            turn = TurnRequest(
+                run_id="run_x",
+                turn_id="turn_x",
+                workspace=workspace,
+                user_message_id="m_u",
+                assistant_message_id="m_a",
+                text="never sent",
+                session=SessionRequest(),
+            )
+            started.append(
+                await trio.lowlevel.open_process(
+                    provider.command(turn),
+                    cwd=workspace,
+                    env=provider.environment(),
+                    stdin=subprocess.PIPE,  # it waits for its input: alive until stopped
+                    start_new_session=True,
+                )
+            )
+        mine, other = started
+        await trio.sleep(0.5)
+        assert mine.poll() is None
+        assert other.poll() is None
+        app: BraidApp = await restarted(home, ours)
+        assert app.runs is not None
+        with trio.fail_after(10):
+            assert await mine.wait() == -9
+        assert other.poll() is None
+        other.kill()
+        await other.wait()
+        assert not _model_calls(stub)
