@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from braid_actors.errors import BraidError
 from braid_actors.model import ToolResultPart
 from braid_actors.providers import (
     InteractionAnswer,
@@ -235,6 +236,24 @@ async def test_reconcile_of_a_finished_turn_gives_what_was_streamed(adapter: Har
     assert sink.final_parts() == live.final_parts()
     assert found.result.usage == result.usage
     assert found.result.cost_usd == result.cost_usd
+
+
+async def test_close_session_releases_without_touching_the_record(adapter: Harness) -> None:
+    """Closing reports what was released; the runner's own record is left as it was (it is
+    the user's), and a malformed session id is refused with a stable code."""
+    adapter.script(Say("an answer"))
+    result = await adapter.run(adapter.request(Say("an answer")), RecordingSink())
+    assert result.outcome == "completed", result.reason
+    assert result.session_id is not None
+    before = await adapter.provider.prove_session(result.session_id)
+    closed = await adapter.provider.close_session(result.session_id)
+    assert closed.session_id == result.session_id
+    assert closed.released is False  # none of the three keeps a server-side session
+    assert closed.detail
+    assert await adapter.provider.prove_session(result.session_id) == before
+    with pytest.raises(BraidError) as refused:
+        await adapter.provider.close_session("../not-a-session")
+    assert refused.value.code == "invalid_request"
 
 
 async def test_available_and_uniquely_named(adapter: Harness, tmp_path: Path) -> None:
