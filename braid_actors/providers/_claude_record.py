@@ -15,8 +15,9 @@ with a final ``stop_reason`` (``end_turn``, ``stop_sequence``, ``max_tokens``), 
 and visible text — an answer of thinking alone makes the CLI ask again, so it is not an
 end — or a synthetic API-error answer (the turn failed with that message). Usage is the
 sum of each API message's recorded usage (one message spans several records; each counts
-once). The cost is ``cost-state``'s ``totalCostUSD`` only when that record's token counts
-equal the turn's own — then it covers exactly this turn; otherwise it is unknown (null).
+once). The cost is the last ``cost-state``'s running total minus the one before the turn
+(:func:`._claude_stream.turn_cost`), only when the token counts account for exactly this
+turn; otherwise it is unknown (null).
 A last line cut off mid-write is ignored (it is the crash's own trace, not a record).
 """
 
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from braid_actors.model import Part, Usage
-from braid_actors.providers._claude_stream import StreamMapper
+from braid_actors.providers._claude_stream import CostBase, StreamMapper, turn_cost
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -133,7 +134,14 @@ def read_claude_turn(path: Path, *, text: str, after: str | None) -> RecordedTur
                 usages[ident] = usage
     usage = _sum(usages.values())
     ending, finished = _ending([line for line in turn if _main(line)])
-    cost = _cost([line for line in turn if line.get("type") == "cost-state"], usage)
+    before = [line for line in lines[: prompts[-1]] if line.get("type") == "cost-state"]
+    after_states = [line for line in turn if line.get("type") == "cost-state"]
+    cost = None
+    if after_states:
+        base = CostBase.of(before[-1]) if before else None
+        if base is not None or not before:
+            state = after_states[-1]
+            cost = turn_cost(state.get("totalCostUSD"), state.get("modelUsage"), usage, base)
     return RecordedTurn(True, finished, ending, tuple(parts.values()), usage, cost)
 
 
@@ -195,19 +203,3 @@ def _sum(usages: Any) -> Usage:
         reasoning_tokens=totals["thinking"],
         source="provider",
     )
-
-
-def _cost(states: list[dict[str, Any]], usage: Usage) -> float | None:
-    if not states or usage.source != "provider":
-        return None
-    state = states[-1]
-    cost = state.get("totalCostUSD")
-    models = state.get("modelUsage")
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not isinstance(models, dict):
-        return None
-    counted = [m for m in models.values() if isinstance(m, dict)]
-    inputs = sum(m.get("inputTokens", 0) for m in counted)
-    outputs = sum(m.get("outputTokens", 0) for m in counted)
-    if (inputs, outputs) != (usage.input_tokens, usage.output_tokens):
-        return None  # it counts more (or less) than this turn: not this turn's cost
-    return float(cost)

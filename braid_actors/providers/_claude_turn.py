@@ -13,6 +13,7 @@ from braid_actors.model import Usage
 from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._claude_seed import Seed
 from braid_actors.providers._claude_stream import (
+    CostBase,
     StreamMapper,
     is_claude_session_id,
     result_usage,
@@ -58,6 +59,8 @@ class ClaudeTurn:
     lead: list[dict[str, Any]] = attrs.Factory(list)
     """Copied context blocks sent before the new input, in its message."""
     seed: Seed | None = None
+    cost_base: CostBase | None = None
+    """The resumed (or forked) session's running cost before this turn (see CostBase)."""
     """The plan a fresh session's portable context was copied by (its report: the receipt)."""
     mapper: StreamMapper = attrs.Factory(StreamMapper)
     session: SessionInfo | None = None
@@ -244,7 +247,7 @@ class ClaudeTurn:
         )
 
     async def _on_result(self, line: dict[str, Any]) -> TurnResult:
-        self.usage, self.cost = result_usage(line)
+        self.usage, self.cost = result_usage(line, self.cost_base)
         await self.sink.usage(self.usage, self.cost)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             stdin = self.worker.process.stdin

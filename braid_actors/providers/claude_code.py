@@ -51,6 +51,7 @@ from braid_actors.providers._claude_seed import CopyReport, Seed, plan_seed, wri
 from braid_actors.providers._claude_stream import (
     find_session_file,
     is_claude_session_id,
+    last_cost_base,
     read_claude_session,
     session_file,
 )
@@ -189,6 +190,9 @@ class ClaudeCodeProvider:
         if refusal is not None:
             return failed(refusal, Usage(), None, request.session.session_id)
         seed_id, seed = await self._seed(request)
+        resumed = request.session.session_id
+        source = None if resumed is None else find_session_file(self.config_dir, resumed)
+        base = None if source is None else await trio.to_thread.run_sync(last_cost_base, source)
         timeouts = self.timeouts
         policy = StopPolicy(
             grace=timeouts.exit_grace,
@@ -203,7 +207,15 @@ class ClaudeCodeProvider:
             max_line=MAX_LINE,
         ) as worker:
             turn = ClaudeTurn(
-                self, worker, request, sink, control, seeded=seed_id, lead=seed.lead, seed=seed
+                self,
+                worker,
+                request,
+                sink,
+                control,
+                seeded=seed_id,
+                lead=seed.lead,
+                seed=seed,
+                cost_base=base,
             )
             try:
                 result = await turn.run()

@@ -371,3 +371,55 @@ async def test_cli_process_no_run_recorded_is_stopped_at_restart(
         other.kill()
         await other.wait()
         assert not _model_calls(stub)
+
+
+@pytest.mark.parametrize("runner", ["claude_code", "codex"])
+async def test_continued_session_turn_is_read_after_its_boundary(
+    tmp_path: Path, restarted: Any, runner: str
+) -> None:
+    """Turn 2 continues turn 1's session; Braid dies once turn 2's usage is durable. The
+    record is read from the session's boundary before turn 2: its own reply and its own
+    usage (the thread's running total minus turn 1's), never turn 1's."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    steps = [{"text": "first answer"}, {"text": "second answer"}]
+    async with open_model_stub(parse_script({"anthropic": steps, "openai": steps})) as stub:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "braid_actors.cli.main", "headless"],
+            stdin=-1,
+            stdout=-1,
+            env=_env(home, stub, "run.usage@2"),
+        )
+        first = Headless(proc)
+        conv = await first.ask(
+            "create_conversation", {"workspace": str(workspace), "runner": runner}
+        )
+        one = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": "hello"})
+        done = await first.ask("wait_run", {"runId": one["runId"], "timeoutS": 60})
+        assert done["state"] == "succeeded", done["outcome"]
+        two = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": PROMPT})
+        with trio.fail_after(60):
+            while proc.poll() is None:  # noqa: ASYNC110 - it kills itself at the point
+                await trio.sleep(0.05)
+        assert await proc.wait() == -9
+        if runner == "claude_code":
+            provider: Provider = attrs.evolve(
+                claude_provider(tmp_path, stub), home=home / "runners" / runner / "home"
+            )
+        else:
+            provider = attrs.evolve(
+                codex_provider(tmp_path, stub), home=home / "runners" / runner / "home"
+            )
+        app: BraidApp = await restarted(home, provider)
+        record = await call(app, "wait_run", {"runId": two["runId"], "timeoutS": 60})
+        assert record["state"] == "succeeded", record["outcome"]
+        assert record["sessionLabel"] == "resumed session"
+        assert _texts(app, record) == ["second answer"]
+        assert record["usage"]["inputTokens"] == 10  # this turn's own, not the total
+        assert record["usage"]["outputTokens"] == 5
+        if runner == "claude_code":
+            # The CLI's total carries turn 1 on; the run's cost is this turn's share only.
+            assert done["costUsd"] is not None
+            assert record["costUsd"] == pytest.approx(done["costUsd"])
+            assert _session_cost(record["tracePath"]) == pytest.approx(2 * done["costUsd"])
+        assert len(_model_calls(stub)) == 1

@@ -149,6 +149,7 @@ async def test_branch_at_the_session_boundary_forks_claude_code_natively(
         assert two["sessionLabel"] == "new session forked from the source session"
         assert two["providerSessionId"] not in (None, one["providerSessionId"])
         assert two["contextReceipt"] is None  # nothing was copied: the history is native
+        assert two["costUsd"] == one["costUsd"] is not None  # the fork's own, not the parent's
         assert not [e for e in app.state.edges.values() if e.kind == "handed_off"]
         assert await trio.Path(one["tracePath"]).read_bytes() == native  # source unchanged
         assert _conversation(stub.model_requests("anthropic")[-1].body) == [
