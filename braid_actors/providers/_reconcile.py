@@ -58,30 +58,46 @@ async def settle_workers(
     """Make sure none of ``workers`` runs any more (see the module note).
 
     ``none``: none was running; ``exited``: the root ended by itself within ``wait``;
-    ``stopped``: something had to be stopped. Shielded: a restart that is itself being
-    shut down still leaves no orphan.
+    ``stopped``: something had to be stopped. Only the wait can be cancelled (a limit
+    crossed while the survivor is observed ends it early); the stopping is shielded, so a
+    cancelled or shut-down restart still leaves no orphan.
     """
-    settled: WorkersSettled = "none"
-    with trio.CancelScope(shield=True):
-        running = [w for w in workers if _alive(w)]
-        if workers and workers[0] in running:
-            root = workers[0]
+    root = workers[0] if workers else None
+    alive = root is not None and _alive(root)
+    try:
+        if root is not None and alive:
             with trio.move_on_after(wait):
                 while _alive(root):  # noqa: ASYNC110 - a process Braid did not spawn
                     await trio.sleep(POLL)
-            settled = "exited" if not _alive(root) else "stopped"
-            if settled == "stopped" and interrupt is not None and _alive(root):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(root.pgid, interrupt)
-        for worker in workers:
-            if worker.pid <= 0:
-                continue
-            if worker is not workers[0] and _alive(worker):
-                settled = "stopped"
-            try:
-                await stop(_info(worker), policy)
-            except WorkerStopTimeout:
-                settled = "stopped"  # it survived SIGKILL's bounded wait: nothing more to do
+    finally:
+        with trio.CancelScope(shield=True):
+            settled = await _stop_all(workers, alive=alive, policy=policy, interrupt=interrupt)
+    return settled
+
+
+async def _stop_all(
+    workers: Sequence[WorkerInfo],
+    *,
+    alive: bool,
+    policy: StopPolicy,
+    interrupt: signal.Signals | None,
+) -> WorkersSettled:
+    settled: WorkersSettled = "none"
+    if alive:
+        root = workers[0]
+        settled = "stopped" if _alive(root) else "exited"
+        if settled == "stopped" and interrupt is not None and _alive(root):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(root.pgid, interrupt)
+    for worker in workers:
+        if worker.pid <= 0:
+            continue
+        if worker is not workers[0] and _alive(worker):
+            settled = "stopped"
+        try:
+            await stop(_info(worker), policy)
+        except WorkerStopTimeout:
+            settled = "stopped"  # it survived SIGKILL's bounded wait: nothing more to do
     return settled
 
 

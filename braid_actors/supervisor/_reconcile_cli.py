@@ -5,9 +5,11 @@ worker running. The provider's ``reconcile`` settles that worker (stops it, or l
 end by itself within a bound — each adapter says which and why) and then reads the
 runner's own session record (the run's trace source): a turn the record proves over ends
 with its real outcome, parts and usage exactly as recorded; anything else is ``unknown``
-with the reason. The request is never sent again: a CLI turn that began can't be proven
-not to have reached the model. Without the provider (no longer installed) the recorded
-workers are still stopped by identity, and the run is ``unknown``.
+with the reason. While the provider waits, a surviving root is observed again (spend
+samples, children, limits: a crossing stops it and fails the run). The request is never
+sent again: a CLI turn that began can't be proven not to have reached the model. Without
+the provider (no longer installed) the recorded workers are still stopped by identity,
+and the run is ``unknown``.
 """
 
 from __future__ import annotations
@@ -89,9 +91,18 @@ async def reconcile_native(actor: RunActor, provider: Provider | None) -> None:
     )
     actor.sink = sink
     found: Reconciliation | None = None
-    with trio.move_on_after(RECONCILE_DEADLINE):
-        found = await provider.reconcile(request, sink)
+    async with trio.open_nursery() as nursery:
+        actor._nursery = nursery
+        # Re-adopt a survivor while the provider lets it finish: observed like any worker
+        # (spend, children), under the run's limits; a crossing ends the wait and stops it.
+        await actor._adopt_root()
+        with actor._stop, trio.move_on_after(RECONCILE_DEADLINE):
+            found = await provider.reconcile(request, sink)
+        nursery.cancel_scope.cancel()  # the observer
     sink.close()
+    if actor.crossing is not None:
+        await actor._end(None, None)  # spend_limit_exceeded, its workers killed
+        return
     if found is None or found.result is None:
         reason = "reconciliation took too long" if found is None else found.reason
         await actor._record_worker_exits(

@@ -26,6 +26,7 @@ import pytest
 import trio
 
 from braid_actors.app import BraidApp, call, open_app
+from braid_actors.model import Limits
 from braid_actors.providers import (
     LocalProvider,
     Provider,
@@ -111,14 +112,18 @@ async def restarted(tmp_path: Path) -> AsyncIterator[Any]:
     async with trio.open_nursery() as nursery:
         apps: list[BraidApp] = []
 
-        async def open_home(home: Path, runner: Provider) -> BraidApp:
+        async def open_home(home: Path, runner: Provider, limits: Limits | None = None) -> BraidApp:
             providers: dict[str, Provider] = {
                 "local": LocalProvider(home / "runners" / "local"),
                 runner.name: runner,
             }
             app: BraidApp = await nursery.start(
                 functools.partial(
-                    open_app, home, env={"BRAID_HOME": str(home)}, providers=providers
+                    open_app,
+                    home,
+                    env={"BRAID_HOME": str(home)},
+                    providers=providers,
+                    default_limits=limits,
                 )
             )
             apps.append(app)
@@ -422,4 +427,30 @@ async def test_continued_session_turn_is_read_after_its_boundary(
             assert done["costUsd"] is not None
             assert record["costUsd"] == pytest.approx(done["costUsd"])
             assert _session_cost(record["tracePath"]) == pytest.approx(2 * done["costUsd"])
+        assert len(_model_calls(stub)) == 1
+
+
+async def test_survivor_is_observed_again_and_held_to_the_limits(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """While the restart waits for a surviving Claude Code to finish, it is observed like
+    any worker: crossing the run's memory limit stops it and fails the run with the
+    dimension, the limit and the measured value (never a success or a silent wait)."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    script = parse_script({"anthropic": [{"text": "too late", "delay": 30}]})
+    async with open_model_stub(script) as stub:
+        crashed = await _crash_mid_turn(home, workspace, stub, "claude_code")
+        provider = attrs.evolve(
+            claude_provider(tmp_path, stub), home=home / "runners" / "claude_code" / "home"
+        )
+        began = trio.current_time()
+        app: BraidApp = await restarted(home, provider, Limits(rss_bytes=10_000_000))
+        record = await call(app, "wait_run", {"runId": crashed.run_id, "timeoutS": 60})
+        assert trio.current_time() - began < 20  # not the 60 s reconcile wait
+        assert record["state"] == "failed", record["outcome"]
+        assert record["outcome"]["kind"] == "spend_limit_exceeded"
+        assert record["outcome"]["dimension"] == "rss_bytes"
+        assert record["outcome"]["measured"] > 10_000_000
+        assert all(_gone(w) for w in crashed.workers)
         assert len(_model_calls(stub)) == 1
