@@ -20,6 +20,7 @@ import trio
 from braid_actors import graph
 from braid_actors.app import _run_actions as _runs
 from braid_actors.app._service import APP_VERSION, PROTOCOL_VERSION, BraidApp
+from braid_actors.app._session_actions import CloseSessionParams, close_session
 from braid_actors.app._views import (
     conversation_summary,
     conversation_view,
@@ -305,6 +306,7 @@ COMMANDS: Mapping[str, Command] = {
     "list_workers": Command(_runs.RunParams, _runs.list_workers),
     "steer_worker": Command(_runs.SteerWorkerParams, _runs.steer_worker),
     "cancel_worker": Command(_runs.CancelWorkerParams, _runs.cancel_worker),
+    "close_session": Command(CloseSessionParams, close_session),
 }
 
 

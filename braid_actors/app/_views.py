@@ -15,6 +15,7 @@ SESSION_LABELS = {
     "new": "new session",
     "handed_off": "new session with copied context",
     "continued": "resumed session",
+    "forked": "new session forked from the source session",
 }
 
 

@@ -22,6 +22,7 @@ import attrs
 from braid_actors.errors import (
     CrossWorkspaceBinding,
     DuplicateIdentifier,
+    IllegalTransition,
     IntegrityError,
     UnknownMessage,
     UnknownTurn,
@@ -37,7 +38,9 @@ from braid_actors.graph._checks import (
     reposition,
 )
 from braid_actors.graph._queries import get_branch, get_conversation
+from braid_actors.graph._runs import is_terminal
 from braid_actors.model import (
+    BindingClosed,
     BranchCreated,
     BranchFocused,
     ConversationCloned,
@@ -124,6 +127,21 @@ def _overrides_set(state: GraphState, ev: OverridesSet, _seq: int | None) -> Non
     state.branches[branch.branch_id] = attrs.evolve(branch, overrides=ev.overrides)
 
 
+def _binding_closed(state: GraphState, ev: BindingClosed, _seq: int | None) -> None:
+    branch = get_branch(state, ev.branch_id)
+    binding = branch.binding
+    if binding is None or binding.state != "bound" or binding.session_id != ev.session_id:
+        raise IllegalTransition("only the branch's bound native session can be closed")
+    if any(
+        r.branch_id == branch.branch_id and r.state != "queued" and not is_terminal(r.state)
+        for r in state.runs.values()
+    ):
+        raise IllegalTransition("the branch's session is in use by an active run")
+    state.branches[branch.branch_id] = attrs.evolve(
+        branch, binding=attrs.evolve(binding, state="closed")
+    )
+
+
 def _environment_bound(state: GraphState, ev: EnvironmentBound, _seq: int | None) -> None:
     branch = get_branch(state, ev.branch_id)
     conv = get_conversation(state, branch.conversation_id)
@@ -194,6 +212,7 @@ _HANDLERS: dict[type[Any], Callable[[GraphState, Any, int | None], None]] = {
     ConversationCloned: _conversation_cloned,
     DraftSet: _draft_set,
     OverridesSet: _overrides_set,
+    BindingClosed: _binding_closed,
     EnvironmentBound: _environment_bound,
     BranchFocused: _branch_focused,
     TurnSubmitted: _turn_submitted,

@@ -52,6 +52,7 @@ from braid_actors.model._entities import (
 from braid_actors.model._events import (
     EVENT_TYPES,
     RUN_EVENT_TYPES,
+    BindingClosed,
     BranchCreated,
     BranchFocused,
     ConversationCloned,
@@ -105,6 +106,7 @@ __all__ = [
     "TERMINAL_WORKER_STATES",
     "Analysis",
     "ArtifactRefPart",
+    "BindingClosed",
     "Boundary",
     "Branch",
     "BranchCreated",

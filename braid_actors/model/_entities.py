@@ -30,8 +30,8 @@ RunState = Literal[
 ]
 TERMINAL_RUN_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "unknown"})
 OutcomeKind = Literal["completed", "failed", "cancelled", "spend_limit_exceeded", "lost"]
-SessionMode = Literal["new", "continued", "handed_off"]
-BindingState = Literal["unbound", "bound", "unavailable"]
+SessionMode = Literal["new", "continued", "handed_off", "forked"]
+BindingState = Literal["unbound", "bound", "unavailable", "closed"]
 EdgeKind = Literal[
     "continued",
     "branched_at",
@@ -110,7 +110,8 @@ class ProviderBinding:
     runner: str
     """Runner name (``local``, ``claude_code``, ``codex``)."""
     state: BindingState = "unbound"
-    """``unbound`` until a run creates a session; ``unavailable`` when it was lost."""
+    """``unbound`` until a run creates a session; ``unavailable`` when it was lost;
+    ``closed`` when Braid released it (it is never continued again)."""
     session_id: str | None = None
     """Native session identifier."""
     boundary_message_id: str | None = None

@@ -120,6 +120,22 @@ class OverridesSet:
 
 
 @attrs.frozen
+class BindingClosed:
+    """The branch's native session was closed: the next turn starts a fresh one."""
+
+    conversation_id: str
+    branch_id: str
+    session_id: str
+    operation_id: str
+    at: datetime
+    type: Literal["branch.binding_closed"] = "branch.binding_closed"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
 class EnvironmentBound:
     """A branch now runs in another environment; cross-workspace needs an explicit edge."""
 
@@ -462,6 +478,7 @@ Event = (
     | ConversationCloned
     | DraftSet
     | OverridesSet
+    | BindingClosed
     | EnvironmentBound
     | TurnSubmitted
     | RunAdmitted
@@ -496,6 +513,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ConversationCloned,
         DraftSet,
         OverridesSet,
+        BindingClosed,
         EnvironmentBound,
         TurnSubmitted,
         RunAdmitted,

@@ -95,8 +95,88 @@ def read_claude_session(path: Path) -> SessionEnd:
     return SessionEnd(last_message_id=last, messages=count)
 
 
-def result_usage(result: dict[str, Any]) -> tuple[Usage, float | None]:
-    """The raw counts and ``total_cost_usd`` of a ``result`` line (null when absent)."""
+@attrs.frozen
+class CostBase:
+    """A session's running cost where a turn starts: the CLI's last ``cost-state`` record
+    (``totalCostUSD`` and its per-model token counts). On ``--resume`` (and on a fork) the
+    CLI carries this total on, so its ``total_cost_usd`` and ``modelUsage`` include it."""
+
+    cost_usd: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> CostBase | None:
+        cost = record.get("totalCostUSD")
+        models = record.get("modelUsage")
+        if isinstance(cost, bool) or not isinstance(cost, int | float):
+            return None
+        if not isinstance(models, dict):
+            return None
+        inputs, outputs = _model_tokens(models)
+        return None if inputs is None or outputs is None else cls(float(cost), inputs, outputs)
+
+
+def _model_tokens(models: dict[str, Any]) -> tuple[int | None, int | None]:
+    inputs = outputs = 0
+    for entry in models.values():
+        if not isinstance(entry, dict):
+            return None, None
+        i, o = _count(entry.get("inputTokens")), _count(entry.get("outputTokens"))
+        if i is None or o is None:
+            return None, None
+        inputs, outputs = inputs + i, outputs + o
+    return inputs, outputs
+
+
+def last_cost_base(path: Path) -> CostBase | None:
+    """The last ``cost-state`` of a transcript (None when it has none or can't be read)."""
+    base: CostBase | None = None
+    try:
+        with path.open("rb") as stream:
+            for raw in stream:
+                if b'"cost-state"' not in raw:
+                    continue
+                line = json.loads(raw)
+                if isinstance(line, dict) and line.get("type") == "cost-state":
+                    base = CostBase.of(line)
+    except (OSError, ValueError):
+        return None
+    return base
+
+
+def turn_cost(total: object, models: object, usage: Usage, base: CostBase | None) -> float | None:
+    """This turn's cost from the CLI's running total, when provable (else None).
+
+    The total counts every turn of the session since its cost record began, so the turn's
+    share is the total minus ``base`` — only when the running token counts are exactly
+    ``base``'s plus this turn's (then nothing else is in the difference). Without a base
+    (a new session) the total is the turn's own when its token counts are the turn's.
+    """
+    if isinstance(total, bool) or not isinstance(total, int | float) or total < 0:
+        return None
+    start = base or CostBase()
+    if not isinstance(models, dict):
+        return float(total) if base is None else None
+    inputs, outputs = _model_tokens(models)
+    if usage.input_tokens is None or usage.output_tokens is None:
+        return None
+    if (inputs, outputs) != (
+        start.input_tokens + usage.input_tokens,
+        start.output_tokens + usage.output_tokens,
+    ):
+        return None
+    if base is None:
+        return float(total)  # exactly as reported
+    # The difference of two reported totals, without the binary float's noise.
+    share = round(float(total) - base.cost_usd, 12)
+    return share if share >= 0 else None
+
+
+def result_usage(
+    result: dict[str, Any], base: CostBase | None = None
+) -> tuple[Usage, float | None]:
+    """The raw counts and this turn's share of ``total_cost_usd`` (null when unknown)."""
     usage = result.get("usage")
     raw: dict[str, Any] = usage if isinstance(usage, dict) else {}
     details = raw.get("output_tokens_details")
@@ -108,10 +188,7 @@ def result_usage(result: dict[str, Any]) -> tuple[Usage, float | None]:
         reasoning_tokens=_count(thinking),
         source="provider" if raw else "none",
     )
-    cost = result.get("total_cost_usd")
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0:
-        return counts, None
-    return counts, float(cost)
+    return counts, turn_cost(result.get("total_cost_usd"), result.get("modelUsage"), counts, base)
 
 
 def _count(value: object) -> int | None:

@@ -68,9 +68,17 @@ class SessionRequest:
     own record ends exactly at ``expected_boundary`` (and ``expected_digest`` when given).
     """
 
+    def __attrs_post_init__(self) -> None:
+        if self.fork and self.session_id is None:
+            raise ValueError("a fork names the session it forks")
+
     session_id: str | None = None
     expected_boundary: str | None = None
     expected_digest: str | None = None
+    fork: bool = False
+    """Run in a native fork of that session instead: a new session that holds the
+    session's history up to the (proven) boundary, the original left unchanged. Only for
+    a provider claiming ``sessions_fork``; every other one refuses (``fork_unsupported``)."""
 
 
 @attrs.frozen
@@ -203,6 +211,54 @@ class RunSink(Protocol):
     async def usage(self, usage: Usage, cost_usd: float | None) -> None: ...
 
 
+@attrs.frozen
+class ReconcileRequest:
+    """What the journal knows of a turn a previous supervisor left unfinished."""
+
+    run_id: str
+    turn_id: str
+    workspace: Path
+    text: str
+    """The turn's user input (how its start is recognised in the runner's own record)."""
+    session_id: str | None
+    """The native session the run reported (null: none was reported before Braid died)."""
+    trace_path: str | None = None
+    """The trace source the run reported (null: none yet, e.g. a new Codex rollout)."""
+    start_boundary: str | None = None
+    """For a continued session: the runner's own id of the session's last message before
+    this turn (the turn's record starts after it)."""
+    workers: tuple[WorkerInfo, ...] = ()
+    """The run's workers the journal still records as live, root first."""
+    cancel_requested: bool = False
+
+
+WorkersSettled = Literal["none", "exited", "stopped"]
+"""What became of a previous supervisor's workers: none was left running, the survivor
+ended by itself, or it was stopped through the stop ladder."""
+
+
+@attrs.frozen
+class Reconciliation:
+    """How a turn a previous supervisor left unfinished really ended, as far as provable."""
+
+    result: TurnResult | None
+    """The turn's end as the runner's own record proves it; null when nothing proves it
+    (the run is then ``unknown`` with :attr:`reason`)."""
+    reason: str
+    workers: WorkersSettled
+
+
+@attrs.frozen
+class SessionClosed:
+    """What closing a native session released."""
+
+    session_id: str
+    released: bool
+    """True when the runner itself held something that is now released (a server-side
+    session, a process); false when there was nothing to release on the runner's side."""
+    detail: str
+
+
 @runtime_checkable
 class Reattachable(Protocol):
     """A provider whose runs can outlive their supervisor and be re-attached after it."""
@@ -240,3 +296,24 @@ class Provider(Protocol):
     ) -> TurnResult: ...
 
     async def prove_session(self, session_id: str) -> SessionProof: ...
+
+    async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
+        """After a restart: settle the previous supervisor's workers (no orphan is left),
+        then decide from the runner's own record how the turn ended (see
+        :class:`Reconciliation`); what the record holds is reported through ``sink``."""
+
+    async def close_session(self, session_id: str) -> SessionClosed:
+        """Release a native session Braid will not continue (see :class:`SessionClosed`)."""
+
+
+def fork_refusal(request: TurnRequest, runner: str) -> TurnResult | None:
+    """For a provider without native forks: the refusal of a fork request (else None)."""
+    if not request.session.fork:
+        return None
+    return TurnResult(
+        outcome="failed",
+        reason=f"fork_unsupported: {runner} can't fork a native session",
+        usage=Usage(),
+        cost_usd=None,
+        session_id=None,
+    )

@@ -19,8 +19,12 @@ its stdin is closed at once (as ``/dev/null``: exec reads no more input).
   Codex reports no cost, so the cost is null. ``turn.failed`` fails the turn with its
   message; ``error`` events become error parts.
 * A cancel request sends SIGINT to the group (Codex aborts its turn, records
-  ``turn_aborted`` in the rollout and exits); exiting within ``cancel_grace`` acknowledges
-  the cancel, else the stop ladder (SIGTERM, SIGKILL) runs and it is unacknowledged.
+  ``turn_aborted`` in the rollout and exits) once ``turn.started`` was printed: an interrupt
+  that lands after Codex installed its handler but before its turn began is ignored, and
+  so is every later one (seen on 0.171.0), so an early cancel waits for the turn to start.
+  The cancel is acknowledged when the CLI exited within ``cancel_grace`` and its rollout
+  proves the end (no turn recorded, or the turn's ``turn_aborted``); else the stop ladder
+  (SIGTERM, SIGKILL) runs and it is unacknowledged.
 
 Continuing first reads the rollout (:meth:`CodexProvider.prove_session`): its last
 ``response_item`` id must equal ``expected_boundary``, else the turn is refused before any
@@ -35,20 +39,19 @@ with copied context (``resumed`` false), its ``trace_path`` the rollout Braid wr
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
 import signal
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
 
-from braid_actors.errors import ProviderProtocolError
+from braid_actors.errors import InvalidRequest
 from braid_actors.model import Usage
-from braid_actors.providers._cancel import run_watched
-from braid_actors.providers._claude_seed import CopyReport
+from braid_actors.providers._codex_record import read_codex_turn
 from braid_actors.providers._codex_seed import (
     new_thread_id,
     plan_rollout,
@@ -56,24 +59,31 @@ from braid_actors.providers._codex_seed import (
     write_rollout,
 )
 from braid_actors.providers._codex_stream import (
-    EventMapper,
     Totals,
-    failure_message,
     find_rollout,
     is_codex_thread_id,
     read_rollout,
 )
+from braid_actors.providers._codex_turn import CodexTurn, failed
 from braid_actors.providers._port import (
     Capabilities,
+    ReconcileRequest,
+    Reconciliation,
     RunControl,
     RunSink,
+    SessionClosed,
     SessionInfo,
     SessionProof,
     TurnRequest,
     TurnResult,
     WorkerInfo,
+    fork_refusal,
 )
-from braid_actors.workers import StopPolicy, WorkerProcess, open_worker
+from braid_actors.providers._reconcile import conclude, find_strays, settle_workers
+from braid_actors.workers import StopPolicy, open_worker
+
+if TYPE_CHECKING:
+    from braid_actors.providers._claude_seed import CopyReport
 
 CODEX_CAPABILITIES: Final = Capabilities(
     sessions_continue=True,
@@ -105,10 +115,6 @@ class CodexTimeouts:
     """After the turn's end, for the CLI to exit by itself."""
     term_grace: float = 2.0
     kill_grace: float = 2.0
-
-
-class _Silent(Exception):
-    pass
 
 
 def _toml(value: str) -> str:
@@ -218,9 +224,12 @@ class CodexProvider:
         self, request: TurnRequest, sink: RunSink, control: RunControl | None = None
     ) -> TurnResult:
         """Run one turn in a new CLI process (see the module note)."""
+        refused = fork_refusal(request, self.name)  # exec has no native fork
+        if refused is not None:
+            return refused
         checked = await self._check_session(request)
         if isinstance(checked, str):
-            return _failed(checked, Usage(), request.session.session_id)
+            return failed(checked, Usage(), request.session.session_id)
         self.write_config(request.model or self.model)
         seeded, report = await self._seed(request)
         timeouts = self.timeouts
@@ -239,7 +248,7 @@ class CodexProvider:
             stdin = worker.process.stdin
             if stdin is not None:  # nothing more to read: the prompt is in argv
                 await stdin.aclose()
-            turn = _Turn(
+            turn = CodexTurn(
                 self,
                 worker,
                 request,
@@ -312,6 +321,66 @@ class CodexProvider:
         await trio.to_thread.run_sync(write_rollout, path, rollout.lines)
         return thread, rollout.report
 
+    def strays(self) -> list[WorkerInfo]:
+        """Live processes of this runner (its ``HOME``), journaled or not; see
+        :func:`._reconcile.find_strays`."""
+        return find_strays(self.home)
+
+    async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
+        """After a restart: stop an orphaned ``exec`` at once, then read its rollout.
+
+        Waiting would gain nothing: ``exec`` keeps running after Braid dies (its stdin is
+        ``/dev/null``), but its output pipe is broken, and at its next event it aborts the
+        turn (``turn_aborted`` in the rollout) and exits. So it gets SIGINT (Codex's own
+        interrupt, recorded in the rollout) and ``cancel_grace``, then the ladder's SIGTERM
+        and SIGKILL. A turn that ended before that is in the rollout all the same
+        (:mod:`._codex_record`).
+        """
+        timeouts = self.timeouts
+        settled = await settle_workers(
+            request.workers,
+            wait=0.0,
+            policy=StopPolicy(
+                grace=timeouts.cancel_grace,
+                term_grace=timeouts.term_grace,
+                kill_grace=timeouts.kill_grace,
+            ),
+            interrupt=signal.SIGINT,
+        )
+        thread = request.session_id
+        path = None if thread is None else find_rollout(self.codex_home, thread)
+        if thread is None or path is None:
+            missing = "no thread was reported" if thread is None else "no rollout found"
+            return Reconciliation(None, f"after the restart {missing} ({settled})", settled)
+        if request.trace_path is None:  # a new thread's rollout is found after its turn
+            resumed = request.start_boundary is not None
+            await sink.session(SessionInfo(thread, resumed=resumed, trace_path=str(path)))
+        try:
+            turn = await trio.to_thread.run_sync(
+                functools.partial(
+                    read_codex_turn,
+                    path,
+                    thread_id=thread,
+                    text=request.text,
+                    after=request.start_boundary,
+                )
+            )
+        except (OSError, ValueError) as exc:
+            return Reconciliation(None, f"the rollout is unreadable: {exc}", settled)
+        proof = await self.prove_session(thread)
+        return await conclude(request, sink, settled, turn, boundary=proof.last_message_id)
+
+    async def close_session(self, session_id: str) -> SessionClosed:
+        """``codex exec`` keeps no session on a server: nothing is released there, and the
+        rollout is left alone (it is the user's); Braid only stops continuing the thread."""
+        if not is_codex_thread_id(session_id):
+            raise InvalidRequest("not a Codex thread id", details={"sessionId": session_id})
+        return SessionClosed(
+            session_id,
+            released=False,
+            detail="no server-side session; the rollout is left in place",
+        )
+
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the thread's rollout (never modifying it): its last ``response_item`` id."""
         if not is_codex_thread_id(session_id):
@@ -332,179 +401,3 @@ def _proof(session_id: str, thread: str | None, last: str | None) -> SessionProo
     if last is None:
         return SessionProof(session_id, available=False, reason="rollout has no items")
     return SessionProof(session_id, available=True, last_message_id=last)
-
-
-def _failed(reason: str, usage: Usage, session: str | None) -> TurnResult:
-    return TurnResult(
-        outcome="failed", reason=reason, usage=usage, cost_usd=None, session_id=session
-    )
-
-
-@attrs.define(eq=False)
-class _Turn:
-    """One turn of one ``codex exec`` process."""
-
-    provider: CodexProvider
-    worker: WorkerProcess
-    request: TurnRequest
-    sink: RunSink
-    control: RunControl | None
-    baseline: Totals
-    seeded: str | None = None
-    """The new thread Braid wrote from portable context (run with ``resume``)."""
-    report: CopyReport | None = None
-    """What a fresh thread was given of the portable context (its receipt's content)."""
-    mapper: EventMapper = attrs.Factory(EventMapper)
-    session: SessionInfo | None = None
-    usage: Usage = attrs.Factory(Usage)
-    interrupt_sent: bool = False
-
-    async def run(self) -> TurnResult:
-        info = self.worker.info
-        await self.sink.worker_started(
-            WorkerInfo(
-                pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
-            )
-        )
-        result = await run_watched(self._guarded, self.control, self._watch_cancel)
-        if result is None:
-            with trio.CancelScope(shield=True):
-                await self.worker.stop(policy=attrs.evolve(self.worker.policy, grace=0.0))
-            grace = self.provider.timeouts.cancel_grace
-            return attrs.evolve(
-                self._failed(
-                    f"cancel_unacknowledged: Codex did not exit within {grace:g} s of SIGINT "
-                    "and was stopped"
-                ),
-                cancel_acknowledged=False,
-            )
-        return result
-
-    async def _watch_cancel(self, control: RunControl, scope: trio.CancelScope) -> None:
-        await control.cancel_requested.wait()
-        self.interrupt_sent = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.worker.info.pgid, signal.SIGINT)
-        await trio.sleep(self.provider.timeouts.cancel_grace)
-        scope.cancel()
-
-    async def _guarded(self) -> TurnResult:
-        try:
-            return await self._run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return await self._ended_early()
-        except _Silent as silent:
-            with trio.CancelScope(shield=True):
-                await self.worker.stop(policy=attrs.evolve(self.worker.policy, grace=0.0))
-            return self._failed(str(silent))
-
-    async def _run(self) -> TurnResult:
-        timeouts = self.provider.timeouts
-        while True:
-            seconds = timeouts.idle if self.session is not None else timeouts.startup
-            line = await self._receive(seconds)
-            if line is None:
-                return await self._ended_early()
-            result = await self._handle(line)
-            if result is not None:
-                return result
-
-    async def _receive(self, seconds: float) -> dict[str, Any] | None:
-        try:
-            with trio.fail_after(seconds):
-                return await self.worker.receive()
-        except trio.TooSlowError:
-            raise _Silent(f"worker_unresponsive: Codex printed nothing for {seconds:g} s") from None
-
-    async def _handle(self, line: dict[str, Any]) -> TurnResult | None:
-        kind = line.get("type")
-        if kind == "thread.started":
-            await self._on_thread(line)
-        elif kind in ("item.started", "item.updated", "item.completed"):
-            for part in self.mapper.item(line):
-                await self.sink.part(part)
-        elif kind == "error":
-            await self.sink.part(self.mapper.error(line))
-        elif kind == "turn.completed":
-            total = Totals.of(line.get("usage"))
-            if total is not None:
-                self.usage = total.minus(self.baseline).usage()
-            await self.sink.usage(self.usage, None)
-            return TurnResult(
-                outcome="completed",
-                reason=None,
-                usage=self.usage,
-                cost_usd=None,
-                session_id=self._session_id(),
-                cancel_acknowledged=True if self.interrupt_sent else None,
-            )
-        elif kind == "turn.failed":
-            if self.interrupt_sent:
-                return await self._cancelled()
-            return self._failed(f"turn_failed: {failure_message(line)}")
-        return None
-
-    async def _on_thread(self, line: dict[str, Any]) -> None:
-        thread = line.get("thread_id")
-        if not isinstance(thread, str) or not is_codex_thread_id(thread):
-            raise ProviderProtocolError("Codex's thread.started names no thread id")
-        requested = self.request.session.session_id
-        expected = self.seeded if self.seeded is not None else requested
-        if expected is not None and thread != expected:
-            raise ProviderProtocolError(
-                "Codex resumed a different thread",
-                details={"requested": expected, "reported": thread},
-            )
-        self.mapper.thread_id = thread
-        trace = find_rollout(self.provider.codex_home, thread)
-        context = self.request.context
-        receipt = (
-            None
-            if requested is not None or context is None or self.report is None
-            else self.report.receipt(context, runner=self.provider.name, session_id=thread)
-        )
-        self.session = SessionInfo(
-            session_id=thread,
-            resumed=requested is not None,
-            trace_path=None if trace is None else str(trace),
-            receipt=receipt,
-        )
-        await self.sink.session(self.session)
-
-    async def report_trace(self) -> None:
-        """After the turn: report the session again once its rollout exists."""
-        if self.session is None or self.session.trace_path is not None:
-            return
-        trace = find_rollout(self.provider.codex_home, self.session.session_id)
-        if trace is not None:
-            self.session = attrs.evolve(self.session, trace_path=str(trace))
-            await self.sink.session(self.session)
-
-    async def _cancelled(self) -> TurnResult:
-        """After SIGINT: cancelled and acknowledged once the CLI has exited."""
-        await self.worker.wait()  # bounded by the cancel watcher's grace
-        return TurnResult(
-            outcome="cancelled",
-            reason=None if self.control is None else self.control.reason,
-            usage=self.usage,
-            cost_usd=None,
-            session_id=self._session_id(),
-            cancel_acknowledged=True,
-        )
-
-    async def _ended_early(self) -> TurnResult:
-        if self.interrupt_sent:
-            return await self._cancelled()
-        returncode: int | None = None
-        with trio.move_on_after(self.provider.timeouts.exit_grace):
-            returncode = await self.worker.wait()
-        how = "closed its output" if returncode is None else f"exited with status {returncode}"
-        tail = self.worker.log.text().strip()[-500:]
-        suffix = f": {tail}" if tail else ""
-        return self._failed(f"worker_exited: Codex {how} before the turn ended{suffix}")
-
-    def _session_id(self) -> str | None:
-        return None if self.session is None else self.session.session_id
-
-    def _failed(self, reason: str) -> TurnResult:
-        return _failed(reason, self.usage, self._session_id())

@@ -24,24 +24,29 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 import trio
 
-from braid_actors.errors import ProviderProtocolError
+from braid_actors.errors import InvalidRequest, ProviderProtocolError
 from braid_actors.model import (
     Usage,
 )
 from braid_actors.providers._cancel import run_watched
+from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import context_receipt, start_message
 from braid_actors.providers._port import (
     Capabilities,
     InteractionAnswer,
     InteractionRequest,
+    ReconcileRequest,
+    Reconciliation,
     RunControl,
     RunSink,
+    SessionClosed,
     SessionInfo,
     SessionProof,
     TurnRequest,
     TurnResult,
     WorkerInfo,
+    fork_refusal,
 )
 from braid_actors.workers import (
     LOCAL_WORKER_MODULE,
@@ -141,6 +146,9 @@ class LocalProvider:
         started and :class:`~braid_actors.errors.ProviderProtocolError` when it breaks the
         protocol; every other ending is a :class:`TurnResult`.
         """
+        refused = fork_refusal(request, self.name)  # its sessions have no native fork
+        if refused is not None:
+            return refused
         timeouts = self.timeouts
         command = local_worker_command(
             self.sessions_dir,
@@ -220,6 +228,17 @@ class LocalProvider:
                 await source.wait()
             await source.stop()
         return result, turn.saw_done
+
+    async def reconcile(self, request: ReconcileRequest, sink: RunSink) -> Reconciliation:
+        """Replay the run's spool and follow its worker (:mod:`._local_reconcile`)."""
+        return await reconcile_local(self, request, sink)
+
+    async def close_session(self, session_id: str) -> SessionClosed:
+        """The local runner holds nothing for a session between turns: its session file
+        stays (it is the history's record); Braid only stops continuing it."""
+        if not is_session_id(session_id):
+            raise InvalidRequest("not a local session id", details={"sessionId": session_id})
+        return SessionClosed(session_id, released=False, detail="the session file is left in place")
 
     async def prove_session(self, session_id: str) -> SessionProof:
         """Read the session file (never modifying it) and report where it ends."""

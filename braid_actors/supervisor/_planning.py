@@ -16,6 +16,7 @@ from braid_actors.providers import (
     SessionRequest,
     TurnRequest,
 )
+from braid_actors.supervisor._fork_plan import plan_fork
 
 if TYPE_CHECKING:
     from braid_actors.graph import GraphState
@@ -97,7 +98,12 @@ async def prepare_request(
     )
     boundary = before[-1] if before else None
     mode, session = await plan_session(provider, branch.binding, boundary, run.session_preference)
-    context = None if mode == "continued" else portable_context(state, branch.branch_id, before)
+    if mode != "continued":
+        fork = await plan_fork(state, branch, provider, boundary, run.session_preference)
+        if fork is not None:
+            mode, session = "forked", fork
+    native = mode in ("continued", "forked")
+    context = None if native else portable_context(state, branch.branch_id, before)
     user = state.messages[turn.user_message_id]
     workspace = conv.workspace
     if branch.environment_id is not None:

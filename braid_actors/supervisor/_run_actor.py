@@ -58,6 +58,7 @@ from braid_actors.providers import (
     WorkerInfo,
 )
 from braid_actors.supervisor._planning import prepare_request
+from braid_actors.supervisor._reconcile_cli import reconcile_native
 from braid_actors.supervisor._sink import JournalSink, PendingInteraction
 from braid_actors.workers import (
     Crossing,
@@ -186,16 +187,15 @@ class RunActor:
         )
         found = self._provider()
         candidate: object = found
-        if found is None or not isinstance(candidate, Reattachable):
-            await self.finish(
-                "unknown",
-                Outcome("lost", "Braid restarted and this runner can't be re-attached"),
-            )
-            return
-        provider: Reattachable = candidate
         if run.state == "cancelling":
             # The cancel was journaled before the crash; the provider may never have heard.
             self.control.request_cancel(run.cancel_reason or "cancelled by the user")
+        if found is None or not isinstance(candidate, Reattachable):
+            # Its worker can't be followed again: the provider settles it and its own
+            # session record decides (see the _reconcile_cli module).
+            await reconcile_native(self, found)
+            return
+        provider: Reattachable = candidate
         root = self._root()
         if not provider.spool_started(self.run_id):
             await self._redispatch(found, root)

@@ -37,6 +37,7 @@ from braid_actors.model import (
     digest_bytes,
 )
 from braid_actors.providers import InteractionAnswer, Provider
+from braid_actors.supervisor._reconcile_cli import stop_strays
 from braid_actors.supervisor._run_actor import RunActor
 from braid_actors.workers import ObservationHub, adopt, find_local_workers
 from braid_actors.workers import kill as kill_process
@@ -239,6 +240,7 @@ class RunsSupervisor:
             key=lambda r: (r.created_at, r.run_id),
         )
         resumed = {r.run_id for r in active}
+        await stop_strays(self.state, self.providers.values())
         for run in active:
             actor = RunActor(self, run.run_id, resume=run.state != "admitted")
             self.actors[run.run_id] = actor

@@ -40,6 +40,7 @@ from braid_actors.providers import (
     TurnResult,
     WorkerInfo,
 )
+from braid_actors.providers._claude_stream import CostBase, turn_cost
 from braid_actors.workers import ProcessInfo, process_gone
 from tools.model_stub import ModelStub, open_model_stub, parse_script
 from tools.model_stub.harness import claude_bin
@@ -296,9 +297,11 @@ async def test_resume_continues_the_session_and_sends_only_the_new_input(
         assert second.session_id == first.session_id
         assert second.session_boundary not in (None, first.session_boundary)
 
-        fork = SessionRequest(first.session_id, expected_boundary=second.session_boundary)
+        fork = SessionRequest(
+            first.session_id, expected_boundary=second.session_boundary, fork=True
+        )
         fork_sink = RecordingSink()
-        forked = await run(adapter, request(tmp_path, "three", fork, fork_session=True), fork_sink)
+        forked = await run(adapter, request(tmp_path, "three", fork), fork_sink)
         assert forked.outcome == "completed", forked.reason
         [fork_session] = fork_sink.sessions
         assert not fork_session.resumed
@@ -583,3 +586,19 @@ async def test_a_silent_cli_fails_at_the_idle_deadline(tmp_path: Path) -> None:
     assert result.reason is not None
     assert result.reason.startswith("worker_unresponsive")
     assert result.session_id == FAKE_SESSION
+
+
+def test_turn_cost_is_the_turn_share_of_the_running_total_only_when_provable() -> None:
+    """Claude Code's total carries a resumed session's earlier cost on; the turn's cost is
+    the difference, and only when the running token counts account for this turn alone."""
+    usage = Usage(input_tokens=10, output_tokens=5, source="provider")
+    models = {"claude-sonnet-4-5": {"inputTokens": 20, "outputTokens": 10}}
+    base = CostBase(cost_usd=0.000105, input_tokens=10, output_tokens=5)
+    assert turn_cost(0.00021, models, usage, base) == 0.000105
+    fresh = {"claude-sonnet-4-5": {"inputTokens": 10, "outputTokens": 5}}
+    assert turn_cost(0.000105, fresh, usage, None) == 0.000105  # exactly as reported
+    assert turn_cost(0.00021, models, usage, None) is None  # counts more than this turn
+    side = {**models, "claude-haiku": {"inputTokens": 3, "outputTokens": 1}}
+    assert turn_cost(0.00022, side, usage, base) is None  # a side request in the total
+    assert turn_cost(None, models, usage, base) is None
+    assert turn_cost(0.0001, models, usage, base) is None  # below the base: not provable

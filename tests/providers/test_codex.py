@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psutil
 import trio
 
 from braid_actors.model import (
@@ -135,8 +136,28 @@ async def run(
         except ProcessLookupError:
             pass
         else:
-            raise AssertionError(f"process group {worker.pgid} still has members")
+            members = [
+                p.pid
+                for p in psutil.process_iter()
+                if _group_of(p) == worker.pgid and not _zombie(p)
+            ]
+            # A zombie (killed, not yet reaped by its new parent) runs nothing.
+            assert not members, f"process group {worker.pgid} still has members: {members}"
     return result
+
+
+def _zombie(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _group_of(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
 
 
 def assert_offline(stub: ModelStub) -> None:
@@ -323,6 +344,48 @@ async def test_cancel_mid_stream_interrupts_codex(tmp_path: Path) -> None:
         True,
     )
     assert not [p for p in sink.parts if isinstance(p, TextPart) and p.text == "too late"]
+
+
+async def test_early_cancel_is_acknowledged_only_with_proof(tmp_path: Path) -> None:
+    """A cancel that meets Codex before its turn began (the window in which Codex ignores
+    SIGINT) is still acknowledged: the interrupt waits for the turn to start, and the
+    rollout proves the end — no turn recorded (and then the model was never asked) or the
+    turn's own ``turn_aborted``. Swept over delays from spawn through the window."""
+    delays = [0.0, 0.05, 0.1, 0.15, 0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.35, 0.4, 0.5, 0.7]
+    for n, delay in enumerate(delays):
+        steps = {"openai": [{"text": "too late", "delay": 20}]}
+        async with open_model_stub(parse_script(steps)) as stub:
+            (tmp_path / f"t{n}").mkdir()
+            adapter = attrs.evolve(provider(tmp_path / f"t{n}", stub), home=tmp_path / f"h{n}")
+            sink = RecordingSink()
+            control = RunControl()
+
+            async def cancel_later(wait: float = delay, control: RunControl = control) -> None:
+                await trio.sleep(wait)
+                control.request_cancel("early cancel")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_later)
+                result = await run(adapter, request(tmp_path / f"t{n}", "Be slow."), sink, control)
+            assert not [r for r in stub.requests if r.proxied]  # nothing left loopback
+            rollouts = list((adapter.codex_home / "sessions").rglob("rollout-*.jsonl"))
+            kinds = [
+                line.get("payload", {}).get("type")
+                for path in rollouts
+                for line in read_jsonl(str(path))
+            ]
+            assert (result.outcome, result.cancel_acknowledged) == ("cancelled", True), (
+                delay,
+                result.reason,
+                kinds,
+                len(stub.model_requests("openai")),
+                result.worker_log,
+            )
+            if "task_started" not in kinds:
+                assert not stub.model_requests("openai"), delay  # proven: never asked
+            else:
+                assert "turn_aborted" in kinds, (delay, kinds)
+            assert not [p for p in sink.parts if isinstance(p, TextPart) and p.text == "too late"]
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

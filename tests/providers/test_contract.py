@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from braid_actors.errors import BraidError
 from braid_actors.model import ToolResultPart
 from braid_actors.providers import (
     InteractionAnswer,
+    ReconcileRequest,
     RunControl,
     SessionRequest,
     TurnResult,
@@ -169,6 +171,89 @@ async def test_cancel_is_answered_and_leaves_no_process(adapter: Harness) -> Non
     else:
         assert result.outcome != "completed"
     assert not any("too late" in text for text in sink.final_texts())
+
+
+async def test_sessions_fork_claim(adapter: Harness) -> None:
+    """A native fork is a new session holding the parent's history up to the proven
+    boundary (the model is sent it once), the parent unchanged; no claim, no fork."""
+    caps = adapter.provider.capabilities
+    adapter.script(Say("first answer"), Say("forked answer"))
+    first = await adapter.run(adapter.request(Say("first answer")), RecordingSink())
+    assert first.outcome == "completed", first.reason
+    assert first.session_id is not None
+    before = await adapter.provider.prove_session(first.session_id)
+    fork = SessionRequest(first.session_id, first.session_boundary, first.session_digest, True)
+    sink = RecordingSink()
+    forked = await adapter.run(adapter.request(Say("forked answer"), session=fork), sink)
+    if not caps.sessions_fork:
+        assert forked.outcome == "failed", "a fork the adapter does not claim was attempted"
+        assert forked.reason is not None
+        assert forked.reason.startswith("fork_unsupported"), forked.reason
+        assert not sink.workers
+        assert not sink.sessions
+        assert not sink.parts
+        return
+    assert forked.outcome == "completed", forked.reason
+    assert forked.session_id not in (None, first.session_id)
+    assert [s.resumed for s in sink.sessions] == [False] * len(sink.sessions)
+    assert any("forked answer" in text for text in sink.final_texts())
+    given = adapter.model_input(forked.session_id or "")
+    assert given.count("first answer") == 1  # the parent's history, once, natively
+    assert await adapter.provider.prove_session(first.session_id) == before
+    stale = SessionRequest(first.session_id, "msg_not_the_end", None, True)
+    refused = await adapter.run(adapter.request(Say("never"), session=stale), RecordingSink())
+    assert refused.outcome == "failed"
+    assert refused.reason is not None
+    assert refused.reason.startswith("session_mismatch"), refused.reason
+
+
+async def test_reconcile_of_a_finished_turn_gives_what_was_streamed(adapter: Harness) -> None:
+    """Reading a finished turn back from the runner's own record (as after a restart)
+    gives its end, the same parts under the same ids, and the same usage and cost."""
+    adapter.script(Shell())
+    live = RecordingSink()
+    turn = adapter.request(Shell())
+    result = await adapter.run(turn, live)
+    assert result.outcome == "completed", result.reason
+    assert result.session_id is not None
+    request = ReconcileRequest(
+        run_id=turn.run_id,
+        turn_id=turn.turn_id,
+        workspace=turn.workspace,
+        text=turn.text,
+        session_id=result.session_id,
+        trace_path=live.sessions[-1].trace_path,
+        workers=tuple(live.workers),
+    )
+    sink = RecordingSink()
+    with trio.fail_after(30):
+        found = await adapter.provider.reconcile(request, sink)
+    assert found.workers == "none"
+    assert found.result is not None, found.reason
+    assert found.result.outcome == "completed"
+    assert found.result.session_id == result.session_id
+    assert found.result.session_boundary == result.session_boundary
+    assert sink.final_parts() == live.final_parts()
+    assert found.result.usage == result.usage
+    assert found.result.cost_usd == result.cost_usd
+
+
+async def test_close_session_releases_without_touching_the_record(adapter: Harness) -> None:
+    """Closing reports what was released; the runner's own record is left as it was (it is
+    the user's), and a malformed session id is refused with a stable code."""
+    adapter.script(Say("an answer"))
+    result = await adapter.run(adapter.request(Say("an answer")), RecordingSink())
+    assert result.outcome == "completed", result.reason
+    assert result.session_id is not None
+    before = await adapter.provider.prove_session(result.session_id)
+    closed = await adapter.provider.close_session(result.session_id)
+    assert closed.session_id == result.session_id
+    assert closed.released is False  # none of the three keeps a server-side session
+    assert closed.detail
+    assert await adapter.provider.prove_session(result.session_id) == before
+    with pytest.raises(BraidError) as refused:
+        await adapter.provider.close_session("../not-a-session")
+    assert refused.value.code == "invalid_request"
 
 
 async def test_available_and_uniquely_named(adapter: Harness, tmp_path: Path) -> None:

@@ -64,6 +64,9 @@ async def test_two_turns_continue_the_native_session_with_only_the_new_input(
         two = await call(app, "wait_run", {"runId": second["runId"], "timeoutS": 60})
         assert two["state"] == "succeeded", two["outcome"]
         assert two["sessionLabel"] == "resumed session"
+        # Same tokens, same price: the resumed turn's cost is its own, not the CLI's
+        # running session total (which carries turn 1 on).
+        assert two["costUsd"] == one["costUsd"] is not None
         assert two["providerSessionId"] == one["providerSessionId"]
 
         model_calls = [r for r in stub.requests if r.path.startswith("/v1/messages")]
