@@ -98,7 +98,8 @@ async def reconcile_native(actor: RunActor, provider: Provider | None) -> None:
         await actor._adopt_root()
         with actor._stop, trio.move_on_after(RECONCILE_DEADLINE):
             found = await provider.reconcile(request, sink)
-        nursery.cancel_scope.cancel()  # the observer
+        actor.stop_watching()
+        nursery.cancel_scope.cancel()  # a sample being handled
     sink.close()
     if actor.crossing is not None:
         await actor._end(None, None)  # spend_limit_exceeded, its workers killed

@@ -339,8 +339,7 @@ class RunActor:
                     self.crossing = Crossing("wall_seconds", wall, wall)
                 else:
                     failure = f"the run exceeded Braid's {DEFAULT_WALL_SECONDS:g} s wall limit"
-            for watch in self._watches:
-                watch.close()
+            self.stop_watching()
             nursery.cancel_scope.cancel()  # a sample being handled
         self.sink.close()
         await self._end(result, failure)
@@ -421,6 +420,12 @@ class RunActor:
         await self.sup.finish(self.run_id, end, outcome, usage, cost_usd, binding, trace_ref)
 
     # ---- workers and limits ----------------------------------------------------------------
+
+    def stop_watching(self) -> None:
+        """No more samples of this run's workers (one being handled ends with the nursery)."""
+        for watch in self._watches:
+            watch.close()
+        self._watches.clear()
 
     async def _watch_worker(self, worker: Worker) -> None:
         assert self._nursery is not None
