@@ -210,6 +210,12 @@ class ShuttingDown(BraidError):
     code = "shutting_down"
 
 
+class DaemonRunning(BraidError):
+    """Another daemon serves this Braid home."""
+
+    code = "daemon_running"
+
+
 # ---- supervision (the actor kit: mailboxes, calls, supervised children) ----------------
 
 
@@ -392,6 +398,7 @@ __all__ = [
     "ChildStopTimeout",
     "CrossWorkspaceBinding",
     "CycleDetected",
+    "DaemonRunning",
     "DuplicateIdentifier",
     "EvidenceContentNotFound",
     "EvidenceError",

@@ -37,3 +37,30 @@ def test_errors_have_unique_stable_codes() -> None:
     codes = [c.code for c in classes]
     assert len(codes) == len(set(codes)), sorted(c for c in codes if codes.count(c) > 1)
     assert all(c.replace("_", "").isalpha() and c == c.lower() for c in codes)
+
+
+def test_every_braid_error_lives_in_the_errors_module() -> None:
+    """No package defines an error of its own: every BraidError subclass anywhere in
+    braid_actors is one of errors.__all__, so the code check above sees them all."""
+    import pkgutil
+
+    import braid_actors
+    from braid_actors import errors
+
+    for info in pkgutil.walk_packages(braid_actors.__path__, "braid_actors."):
+        if info.name.endswith("__main__"):
+            continue
+        importlib.import_module(info.name)
+    found: set[type[errors.BraidError]] = set()
+    pending: list[type[errors.BraidError]] = [errors.BraidError]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                pending.append(sub)
+    outside = sorted(
+        f"{c.__module__}.{c.__qualname__}" for c in found if c.__module__ != errors.__name__
+    )
+    assert outside == []
+    listed = {getattr(errors, n) for n in errors.__all__}
+    assert found <= listed

@@ -32,7 +32,7 @@ import trio
 
 from braid_actors.app import DEFAULT_DRAIN_GRACE, BraidApp, open_app
 from braid_actors.cli.headless import Writer, serve_session
-from braid_actors.errors import BadRequest, BraidError
+from braid_actors.errors import BadRequest, DaemonRunning
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -46,12 +46,6 @@ _ACCEPT_RETRY = 0.1
 _ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 ShutdownMode = Literal["drain", "cancel"]
-
-
-class DaemonRunning(BraidError):
-    """Another daemon serves this Braid home."""
-
-    code = "daemon_running"
 
 
 def socket_path(home: Path) -> Path:
