@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import re
 import signal
 import sys
@@ -331,7 +332,9 @@ class Turn:
         """Send ``rate`` updates of one growing text part per second for ``seconds``."""
         part_id = f"part_{self._stem}_{self._next_index():03d}"
         count = max(1, int(seconds * rate))
-        start = trio.current_time()
+        # A phase of its own within one period: many workers sharing one start line (`?at`)
+        # then do not all wake at the same instant.
+        start = trio.current_time() + random.random() / rate - 1 / rate
         text = "Streaming"
         for n in range(1, count + 1):
             await trio.sleep_until(start + n / rate)
