@@ -227,11 +227,8 @@ class Materializer:
     def _store_json(
         self, value: Any, draft: Draft | None = None, scope: str = CURRENT
     ) -> dict[str, Any]:
-        clean, hit = self.redactor.value(value)
-        text = self.redactor.text(_dumps(clean).decode("utf-8"))
-        return self._put(
-            text.text.encode("utf-8"), "application/json", hit or text.redacted, draft, scope
-        )
+        text = self.redactor.json_text(value, _dumps(value).decode("utf-8"))
+        return self._put(text.text.encode("utf-8"), "application/json", text.redacted, draft, scope)
 
     def _put(
         self, data: bytes, media_type: str, redacted: bool, draft: Draft | None, scope: str

@@ -32,7 +32,7 @@ from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entrie
 from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
 from ._relations import session_relations
-from ._schema import connect, cursor_key
+from ._schema import connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -103,7 +103,7 @@ class EvidenceStore:
             )
         with self._guard():
             chosen = self._policy(run_id, policy)
-            return Ingest(
+            report = Ingest(
                 self._conn, self._redactor, _runtime.now_text(), objects=self._objects
             ).run(
                 Path(path),
@@ -112,6 +112,8 @@ class EvidenceStore:
                 policy=chosen,
                 resume_offset=resume_offset,
             )
+            refresh_statistics(self._conn)
+            return report
 
     def _policy(self, run_id: str, policy: str | CapturePolicy | None) -> CapturePolicy:
         wanted = make_policy(policy) if isinstance(policy, str) else policy
