@@ -95,7 +95,6 @@ class Ingest(Rows):
             path_key=path_key,
             policy=policy,
             redactor=self.redactor,
-            objects=self.objects,
             boundary=boundary,
             lines={line.number: line for line in split.lines},
         )
@@ -175,6 +174,8 @@ class Ingest(Rows):
                 (run_id, pk),
             ):
                 existing[found["source_key"]] = (found["revision"], found["object_hash"])
+        superseded: list[tuple[str, str]] = []
+        inserts: list[tuple[Any, ...]] = []
         for row in rows:
             known = existing.get(row.source_key)
             if known is not None and known[1] == row.object_hash:
@@ -183,15 +184,9 @@ class Ingest(Rows):
             revision = 0
             if known is not None:
                 revision = known[0] + 1
-                self.conn.execute(
-                    "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?",
-                    (run_id, row.source_key),
-                )
+                superseded.append((run_id, row.source_key))
             body = dict(row.body, created_at=self.now)
-            self.conn.execute(
-                "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
-                "revision, latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, "
-                "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
+            inserts.append(
                 (
                     row.id,
                     run_id,
@@ -208,12 +203,24 @@ class Ingest(Rows):
                     row.intent_ref,
                     row.object_hash,
                     json.dumps(body, ensure_ascii=False, sort_keys=True),
-                ),
+                )
             )
             tally[(row.session, row.scope, "stored")] += 1
+        # Each source key appears once per pass, so marking the earlier revisions first and
+        # inserting afterwards is the same as doing both row by row.
+        self.conn.executemany(
+            "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?", superseded
+        )
+        self.conn.executemany(
+            "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
+            "revision, latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, "
+            "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
+            inserts,
+        )
         return tally
 
     def _put_objects(self, mat: Materializer) -> None:
+        self.objects.put_many(mat.pending.items())
         self.conn.executemany(
             "INSERT OR IGNORE INTO objects(ref, bytes, media_type, redacted) VALUES (?,?,?,?)",
             [

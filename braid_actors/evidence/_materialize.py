@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from braid_actors.model import digest
 
-from ._objects import MAX_OBJECT_BYTES, ObjectStore
+from ._objects import MAX_OBJECT_BYTES, ref_of
 from ._parsed import Line
 from ._policy import CapturePolicy
 from ._redact import Redactor
@@ -48,7 +49,10 @@ def source_id(run_id: str, harness: str, path_key: str, session_id: str) -> str:
 
 
 def entry_id(run_id: str, source_key: str) -> str:
-    return "ctx_" + _short([run_id, source_key])
+    # The canonical JSON of the pair, spelled out: the same bytes ``digest`` hashes (json's
+    # own string encoder), without a general encoder call per entry.
+    pair = "[" + encode_basestring(run_id) + "," + encode_basestring(source_key) + "]"
+    return "ctx_" + hashlib.sha256(pair.encode("utf-8")).hexdigest()[:32]
 
 
 @attrs.frozen
@@ -79,10 +83,11 @@ class Materializer:
     path_key: str
     policy: CapturePolicy
     redactor: Redactor
-    objects: ObjectStore
     boundary: int
     lines: dict[int, Line]
     objects_written: dict[str, tuple[int, str, bool]] = attrs.Factory(dict)
+    pending: dict[str, bytes] = attrs.Factory(dict)
+    """Bodies to write with the pass's rows (by ref)."""
     omissions: dict[tuple[str, str], Counter[str]] = attrs.Factory(dict)
     truncated: Counter[tuple[str, str]] = attrs.Factory(Counter)
     _raw: dict[int, dict[str, Any]] = attrs.Factory(dict)
@@ -243,8 +248,10 @@ class Materializer:
                 "state": "unavailable",
                 "reason": "capture_limit",
             }
-        ref = self.objects.put(data)
-        self.objects_written.setdefault(ref, (len(data), media_type, redacted))
+        ref = ref_of(data)
+        if ref not in self.objects_written:
+            self.objects_written[ref] = (len(data), media_type, redacted)
+            self.pending[ref] = data
         return {
             "ref": ref,
             "bytes": len(data),

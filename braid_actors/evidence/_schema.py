@@ -17,7 +17,8 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
             kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, object_hash, body)
                                              body = Entry wire JSON without ``source``
     objects(ref PRIMARY KEY, bytes, media_type, redacted)
-                                             bodies live in files (see ``_objects``)
+    object_data(ref UNIQUE, data)            the bodies (see ``_objects``; older stores
+                                             kept them as files under ``objects/``)
     actions(pk, run_id, source_id, entry_id, object_hash, kind, harness, session_id,
             target, agent_id, tool_call_id, recorded_at, body_limited)
                                              typed spawn / send_input / task_agent facts
@@ -35,7 +36,7 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
                                              tool result; evidence = JSON naming the source
                                              fields and records the link rests on
 
-Every ingest writes its rows in one transaction, after the objects it cites are on disk.
+Every ingest writes its rows and the objects they cite in one transaction.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref);
 CREATE TABLE IF NOT EXISTS objects(
     ref TEXT PRIMARY KEY, bytes INTEGER NOT NULL, media_type TEXT NOT NULL,
     redacted INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS object_data(
+    pk INTEGER PRIMARY KEY, ref TEXT NOT NULL UNIQUE, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS actions(
     pk INTEGER PRIMARY KEY, run_id TEXT NOT NULL, source_id TEXT NOT NULL,
     entry_id TEXT NOT NULL, object_hash TEXT NOT NULL, kind TEXT NOT NULL,

@@ -51,7 +51,7 @@ class EvidenceStore:
     def __init__(self, home: Path, conn: sqlite3.Connection, redactor: Redactor) -> None:
         self.home = home
         self._conn = conn
-        self._objects = ObjectStore(home / "objects")
+        self._objects = ObjectStore(home / "objects", conn)
         self._redactor = redactor
         self._codec = CursorCodec(cursor_key(conn))
         self._lock = threading.Lock()
