@@ -95,7 +95,11 @@ def _plain_text(value: str, rules: list[tuple[str, re.Pattern[str]]]) -> tuple[s
     for kind, pattern in rules:
         marker = f"[REDACTED:{kind}]"
         if "keep" in pattern.groupindex:
-            value, count = pattern.subn(lambda m, mk=marker: (m.group("keep") or "") + mk, value)
+
+            def keep(match: re.Match[str], marker: str = marker) -> str:
+                return (match.group("keep") or "") + marker
+
+            value, count = pattern.subn(keep, value)
         else:
             value, count = pattern.subn(marker, value)
         changed = changed or count > 0
