@@ -1,25 +1,36 @@
 """The ingest's shortcuts give exactly what the plain computation gives.
 
-The redactor skips rules whose literal hint is absent, remembers short strings, and redacts a
-JSON body by the rules its encoding hints at; entry ids are hashed without a general JSON
-encode. Each is checked here against the plain computation written out in the test (every
-rule's regular expression applied in order, no hints, no memory), on strings built from
-secrets, hint literals, replacement markers, escapes and case-folding letters.
+The redactor skips rules whose literal hint is absent, remembers short strings, and redacts
+a JSON body by the rules its encoding hints at; entry ids are hashed without a general JSON
+encode; an ingest that cannot change the run's cross-file links does not rebuild them. Each
+is checked against the plain computation: for the redactor, every rule's regular expression
+applied in order (no hints, no memory, written out here) on strings built from secrets, hint
+literals, replacement markers, escapes and case-folding letters; for the links, a full
+rebuild after every ingest of the fixtures.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+import sqlite3
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from braid_actors.evidence import EvidenceStore
+from braid_actors.evidence._links import rebuild_run_links
 from braid_actors.evidence._materialize import entry_id
 from braid_actors.evidence._redact import BUILTIN_PATTERNS, Redactor
 from braid_actors.model import digest
+
+from ._helpers import FIXTURES, claude_line, jsonl
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CONFIGURED = ("ACME-[0-9]{4}", "braid-fixture")
 FRAGMENTS = (
@@ -182,3 +193,104 @@ def test_json_text_redacts_a_secret_split_between_a_key_and_its_value() -> None:
 def test_entry_id_is_the_digest_of_the_pair(run_id: str, source_key: str) -> None:
     expected = "ctx_" + digest([run_id, source_key])[len("sha256:") :][:32]
     assert entry_id(run_id, source_key) == expected
+
+
+RUN_LINK_KINDS = ("task_agent", "compaction_agent")
+
+
+def _run_links(conn: sqlite3.Connection, run_id: str) -> list[tuple[Any, ...]]:
+    marks = ",".join("?" * len(RUN_LINK_KINDS))
+    return sorted(
+        tuple(row)
+        for row in conn.execute(
+            "SELECT entry_id, node_id, kind, relation, evidence FROM links "
+            f"WHERE run_id=? AND kind IN ({marks})",
+            (run_id, *RUN_LINK_KINDS),
+        )
+    )
+
+
+@pytest.mark.parametrize("order", ["agents_first", "parents_first"])
+def test_skipped_run_link_rebuilds_change_nothing(tmp_path: Path, order: str) -> None:
+    """An ingest skips rebuilding the run's cross-file links when it cannot change them; after
+    every ingest of every fixture (subagents, compaction agents, Codex, a grown file, a
+    re-ingest), the links are exactly what a full rebuild gives."""
+    files = sorted(FIXTURES.rglob("*.jsonl"), key=lambda p: ("agent-" in p.name, str(p)))
+    if order == "agents_first":
+        files.reverse()
+    assert any("acompact" in p.name for p in files) and any("codex" in str(p) for p in files)
+    home = tmp_path / "home"
+    with EvidenceStore.open(home) as store:
+        plan: list[Path] = []
+        for number, path in enumerate(files):
+            copy = tmp_path / "in" / str(number) / path.name
+            copy.parent.mkdir(parents=True)
+            data = path.read_bytes()
+            lines = data.splitlines(keepends=True)
+            copy.write_bytes(b"".join(lines[: len(lines) // 2]))
+            plan += [copy]
+            store.ingest(copy, run_id="run_links")
+            _check_links(home)
+            copy.write_bytes(data)  # grown: continues from the cursor
+            store.ingest(copy, run_id="run_links")
+            _check_links(home)
+        store.ingest(plan[0], run_id="run_links")  # unchanged: all duplicates
+        _check_links(home)
+        with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+            kinds = {kind for (_e, _n, kind, _r, _v) in _run_links(conn, "run_links")}
+        assert kinds == set(RUN_LINK_KINDS)  # both kinds are really exercised
+
+
+def _check_links(home: Path) -> None:
+    with closing(sqlite3.connect(home / "evidence.sqlite3", isolation_level=None)) as conn:
+        conn.row_factory = sqlite3.Row  # as the store's own connection (the rebuild reads rows)
+        stored = _run_links(conn, "run_links")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            rebuild_run_links(conn, "run_links")
+            rebuilt = _run_links(conn, "run_links")
+        finally:
+            conn.execute("ROLLBACK")
+    assert stored == rebuilt
+
+
+def test_a_new_compact_boundary_rebuilds_the_run_links(tmp_path: Path) -> None:
+    """A parent file with no Task call whose new record is a ``compact_boundary`` after a
+    compaction agent's transcript: the rebuild runs and links the agent to the boundary."""
+    session = "33333333-2222-3333-4444-555555555555"
+    agent = jsonl(
+        tmp_path / "agent-acompact-abc123.jsonl",
+        [
+            claude_line(
+                session,
+                "user",
+                "summarize the conversation",
+                uuid="c1",
+                isSidechain=True,
+                agentId="acompact-abc123",
+                timestamp="2026-01-01T00:00:05.000Z",
+            )
+        ],
+    )
+    parent_records = [claude_line(session, "user", "hello", uuid="p1")]
+    boundary = {
+        "type": "system",
+        "subtype": "compact_boundary",
+        "content": "Conversation compacted",
+        "sessionId": session,
+        "uuid": "p2",
+        "timestamp": "2026-01-01T00:00:09.000Z",
+        "compactMetadata": {"trigger": "auto", "preTokens": 100},
+    }
+    home = tmp_path / "home"
+    with EvidenceStore.open(home) as store:
+        store.ingest(agent, run_id="run_links")
+        parent = jsonl(tmp_path / "parent.jsonl", parent_records)
+        store.ingest(parent, run_id="run_links")
+        _check_links(home)
+        jsonl(tmp_path / "parent.jsonl", [*parent_records, boundary])
+        store.ingest(parent, run_id="run_links")
+        _check_links(home)
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        kinds = [kind for (_e, _n, kind, _r, _v) in _run_links(conn, "run_links")]
+    assert kinds and set(kinds) == {"compaction_agent"}
