@@ -121,7 +121,10 @@ class Materializer:
         return body
 
     def omit(self, session: str, scope: str, category: str) -> None:
-        self.omissions.setdefault((session, scope), Counter())[category] += 1
+        counts = self.omissions.get((session, scope))
+        if counts is None:
+            counts = self.omissions[(session, scope)] = Counter()
+        counts[category] += 1
 
     def entry(
         self, draft: Draft, source: dict[str, Any], ids: dict[tuple[int, int], str]

@@ -87,7 +87,6 @@ CREATE INDEX IF NOT EXISTS entries_page
     ON entries(run_id, source_pk, sequence, ordinal, revision);
 CREATE INDEX IF NOT EXISTS entries_id ON entries(run_id, id);
 CREATE INDEX IF NOT EXISTS entries_source ON entries(source_pk, latest, sequence, ordinal);
-CREATE INDEX IF NOT EXISTS entries_source_kind ON entries(source_pk, kind);
 CREATE INDEX IF NOT EXISTS entries_tool ON entries(run_id, tool_call_id);
 CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref);
 CREATE TABLE IF NOT EXISTS objects(
@@ -155,13 +154,19 @@ def connect(home: Path) -> sqlite3.Connection:
     return conn
 
 
-def refresh_statistics(conn: sqlite3.Connection) -> None:
-    """Refresh the query planner's statistics (a bounded sample, about a millisecond).
+def refresh_statistics(conn: sqlite3.Connection, analyzed_rows: int) -> int:
+    """Refresh the query planner's statistics (a bounded sample, a few milliseconds) when the
+    entries table has doubled since ``analyzed_rows``; returns the size they describe.
 
     Without them SQLite joins the run's links queries from the entries side and scans every
     entry of the run on each ingest; with them it starts from the few sources concerned.
     """
-    conn.execute("ANALYZE")
+    row = conn.execute("SELECT MAX(pk) FROM entries").fetchone()
+    rows = int(row[0] or 0)
+    if rows >= 2 * analyzed_rows and rows > analyzed_rows:
+        conn.execute("ANALYZE")
+        return rows
+    return analyzed_rows
 
 
 def cursor_key(conn: sqlite3.Connection) -> bytes:

@@ -55,6 +55,7 @@ class EvidenceStore:
         self._redactor = redactor
         self._codec = CursorCodec(cursor_key(conn))
         self._lock = threading.Lock()
+        self._analyzed_rows = 0  # entries the planner statistics last described (this process)
 
     @classmethod
     def open(cls, home: Path, *, redaction_patterns: Sequence[str] = ()) -> EvidenceStore:
@@ -112,7 +113,7 @@ class EvidenceStore:
                 policy=chosen,
                 resume_offset=resume_offset,
             )
-            refresh_statistics(self._conn)
+            self._analyzed_rows = refresh_statistics(self._conn, self._analyzed_rows)
             return report
 
     def _policy(self, run_id: str, policy: str | CapturePolicy | None) -> CapturePolicy:
