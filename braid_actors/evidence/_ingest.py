@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from ._parsed import LineSplit, Outcome
     from ._policy import CapturePolicy
 
+_BODY: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+"""The entry body's encoding (``json.dumps(body, ensure_ascii=False, sort_keys=True)``),
+built once instead of per entry."""
+
 PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
     "claude_code": parse_claude,
     "codex": parse_codex,
@@ -223,7 +227,7 @@ class Ingest(Rows):
                     row.raw_ref,
                     row.intent_ref,
                     row.object_hash,
-                    json.dumps(body, ensure_ascii=False, sort_keys=True),
+                    _BODY.encode(body),
                 )
             )
             tally[(row.session, row.scope, "stored")] += 1

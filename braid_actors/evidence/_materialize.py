@@ -40,6 +40,19 @@ PRIOR: Final = "prior_context"
 CURRENT: Final = "current_execution"
 
 
+# Encoders built once (``json.dumps`` with options builds one per call): _CANONICAL has
+# exactly the options of ``model.canonical_json``, _COMPACT those objects were encoded with.
+_CANONICAL: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+)
+_COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def object_digest(value: Any) -> str:
+    """``model.digest`` of a JSON value (the same canonical bytes, the same hash)."""
+    return "sha256:" + hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
+
+
 def _short(value: Any, size: int = 32) -> str:
     return digest(value)[len("sha256:") :][:size]
 
@@ -181,7 +194,7 @@ class Materializer:
             body["evidence_refs"] = refs
         hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
         hashed["source_id"] = source["id"]
-        object_hash = digest(hashed)
+        object_hash = object_digest(hashed)
         body["object_hash"] = object_hash
         return EntryRow(
             id=ids[draft.key],
@@ -279,7 +292,7 @@ class Materializer:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _COMPACT.encode(value).encode("utf-8")
 
 
 def _omitted(original: bytes, media_type: str, digest_scope: str) -> dict[str, Any]:

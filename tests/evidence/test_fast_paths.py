@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from braid_actors.evidence import EvidenceStore
 from braid_actors.evidence._links import rebuild_run_links
-from braid_actors.evidence._materialize import entry_id
+from braid_actors.evidence._materialize import entry_id, object_digest
 from braid_actors.evidence._redact import BUILTIN_PATTERNS, Redactor
 from braid_actors.model import digest
 
@@ -193,6 +193,17 @@ def test_json_text_redacts_a_secret_split_between_a_key_and_its_value() -> None:
 def test_entry_id_is_the_digest_of_the_pair(run_id: str, source_key: str) -> None:
     expected = "ctx_" + digest([run_id, source_key])[len("sha256:") :][:32]
     assert entry_id(run_id, source_key) == expected
+
+
+@given(json_values)
+def test_object_digest_is_the_model_digest(value: Any) -> None:
+    try:
+        expected = digest(value)
+    except ValueError:  # infinity: refused by both
+        with pytest.raises(ValueError):
+            object_digest(value)
+        return
+    assert object_digest(value) == expected
 
 
 RUN_LINK_KINDS = ("task_agent", "compaction_agent")
