@@ -184,7 +184,7 @@ class _Reader:
         try:
             data = self.objects.get(ref)
         except EvidenceReadFailed:
-            if self.objects.path_of(ref).exists():
+            if self.objects.exists(ref):
                 return self.missing("integrity_failure", "object_hash_mismatch", ref)
             return self.missing("unavailable", "object_missing", ref)
         extra = {

@@ -3,8 +3,8 @@
 Records: ``user``, ``assistant``, ``system``, ``progress``, ``attachment``,
 ``queue-operation``, ``file-history-snapshot`` and the older ``summary``; since 2.1.x also
 ``api-request-shape``, ``api-request``, ``api-request-blob``, ``tools-used``, ``last-prompt``
-and ``cost-state`` (see :func:`_request_record`). Anything else (e.g. ``atis-latch``, whose
-one field ``atis`` says nothing we can interpret) is ``unrecognized`` (counted, never fatal).
+and ``cost-state`` (see :func:`_request_record`), and ``atis-latch`` (see
+:data:`OPAQUE_TYPES`). Anything else is ``unrecognized`` (counted, never fatal).
 
 - Content blocks become entries: ``text`` → message, ``thinking`` / ``redacted_thinking`` →
   message with status ``reasoning``, ``tool_use`` / ``server_tool_use`` → tool call,
@@ -54,7 +54,7 @@ from ._parsed import (
 if TYPE_CHECKING:
     from ._parsed import LineSplit
 
-PARSER_VERSION: Final = "braid.claude_code/2"
+PARSER_VERSION: Final = "braid.claude_code/3"
 FORMAT_VERSION: Final = "claude_code.session_jsonl"
 REQUEST_TYPES: Final = frozenset(
     {
@@ -67,6 +67,10 @@ REQUEST_TYPES: Final = frozenset(
     }
 )
 """Records about the CLI's API requests and running totals (see :func:`_request_record`)."""
+OPAQUE_TYPES: Final = frozenset({"atis-latch"})
+"""Records of a known type whose fields say nothing this parser can interpret (``atis-latch``
+carries one string field ``atis``, empty in the files seen): kept as a session entry with the
+record's fields as they are (status = the type, ``-`` → ``_``), nothing derived from them."""
 RECORD_TYPES: Final = frozenset(
     {
         "user",
@@ -78,6 +82,7 @@ RECORD_TYPES: Final = frozenset(
         "file-history-snapshot",
         "summary",
         *REQUEST_TYPES,
+        *OPAQUE_TYPES,
     }
 )
 TASK_TOOLS: Final = frozenset({"Task", "Agent"})
@@ -159,7 +164,7 @@ def parse_claude(split: LineSplit, *, fallback_session: str) -> Outcome:
             _assistant(state, helper, obj)
         elif rtype == "progress":
             _progress(state, obj)
-        elif rtype in REQUEST_TYPES:
+        elif rtype in REQUEST_TYPES or rtype in OPAQUE_TYPES:
             _request_record(helper, rtype, obj)
         else:
             _session_record(helper, rtype, obj)
@@ -460,6 +465,7 @@ def _request_record(helper: DraftLine, rtype: str, obj: dict[str, Any]) -> None:
       calls: those are the assistant's ``tool_use`` blocks).
     - ``last-prompt``: the last prompt's text and the leaf record's uuid → session entry
       ``last_prompt`` (the prompt itself is already a message / task).
+    - ``atis-latch`` (:data:`OPAQUE_TYPES`): session entry ``atis_latch`` with its fields.
     - ``cost-state``: the CLI's running totals (cost, durations, per-model token counts) →
       session entry ``cost_state``. Its ``modelUsage`` tokens are the sum of the usage already
       on the assistant messages (counted once per ``message.id`` in ``Outcome.usage``), so they

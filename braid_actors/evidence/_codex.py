@@ -24,6 +24,9 @@ bare response items and ``{"record_type": "state"}`` lines; both are read the sa
 - ``world_state`` (``{"full", "state"}``: the model-visible context — model, collaboration
   mode, environments with their cwd, skills, permissions, tool instructions) is a
   ``configuration`` entry (status ``world_state``).
+- ``event_msg/thread_settings_applied`` (the thread's settings as applied: model, provider,
+  approval policy, permission profile with its file-system entries and network mode, cwd,
+  collaboration mode) is a ``configuration`` entry (status ``thread_settings_applied``).
 - ``token_usage_record`` (one response's ``usage`` with its ``turn_token_usage`` and
   ``thread_token_usage`` running totals, by ``response_id``) is a session entry: the same
   figures reach usage through the ``token_count`` events, so they are not counted again.
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from ._codex_config import thread_settings, turn_context, world_state
 from ._parsed import (
     Action,
     Content,
@@ -59,7 +63,7 @@ from ._parsed import (
 if TYPE_CHECKING:
     from ._parsed import LineSplit
 
-PARSER_VERSION: Final = "braid.codex/2"
+PARSER_VERSION: Final = "braid.codex/3"
 ENVELOPE: Final = "codex.rollout_jsonl/envelope"
 LEGACY: Final = "codex.rollout_jsonl/legacy"
 ENVELOPE_TYPES: Final = frozenset(
@@ -233,7 +237,7 @@ def _dispatch(state: _State, helper: DraftLine, rtype: str, payload: dict[str, A
     if rtype == "session_meta":
         _session_meta(state, helper, payload)
     elif rtype == "turn_context":
-        _turn_context(state, helper, payload)
+        turn_context(helper, payload)
     elif rtype == "response_item":
         return _item(state, helper, payload)
     elif rtype == "event_msg":
@@ -241,7 +245,7 @@ def _dispatch(state: _State, helper: DraftLine, rtype: str, payload: dict[str, A
     elif rtype == "compacted":
         _compacted(state, helper, payload)
     elif rtype == "world_state":
-        _world_state(state, helper, payload)
+        world_state(helper, payload)
     elif rtype == "token_usage_record":
         # Metadata only: ``thread_token_usage`` is the cumulative total the following
         # ``event_msg/token_count`` reports as ``total_token_usage`` (and ``usage`` its
@@ -292,42 +296,6 @@ def _valid_fork(value: object) -> bool:
     return (
         isinstance(value, str) and 1 <= len(value.encode("utf-8")) <= 512 and value == value.strip()
     )
-
-
-def _turn_context(state: _State, helper: DraftLine, payload: dict[str, Any]) -> None:
-    fields = {"configuration"}
-    for key, name in (
-        ("model", "configuration.model"),
-        ("cwd", "configuration.workdir"),
-        ("approval_policy", "configuration.approval_policy"),
-        ("sandbox_policy", "configuration.sandbox_policy"),
-    ):
-        if key in payload:
-            fields.add(name)
-    sandbox = payload.get("sandbox_policy")
-    if isinstance(sandbox, dict):
-        if "writable_roots" in sandbox:
-            fields.add("configuration.directory_restrictions")
-        if "network_access" in sandbox:
-            fields.add("configuration.network_restrictions")
-    helper.add(
-        "configuration", "turn_context", content=Content.json(payload), fields=frozenset(fields)
-    )
-    state.out.stat(helper.session, "configurations")
-
-
-def _world_state(state: _State, helper: DraftLine, payload: dict[str, Any]) -> None:
-    world = as_dict(payload.get("state"))
-    fields = {"configuration"}
-    if as_str(world.get("model")):
-        fields.add("configuration.model")
-    environments = as_dict(as_dict(world.get("environments")).get("environments"))
-    if any(as_str(as_dict(env).get("cwd")) for env in environments.values()):
-        fields.add("configuration.workdir")
-    helper.add(
-        "configuration", "world_state", content=Content.json(payload), fields=frozenset(fields)
-    )
-    state.out.stat(helper.session, "configurations")
 
 
 def _item(state: _State, helper: DraftLine, item: dict[str, Any]) -> bool:
@@ -504,6 +472,8 @@ def _event(state: _State, helper: DraftLine, event: dict[str, Any]) -> bool:
         out.stat(helper.session, "approvals")
     elif etype == "context_compacted":
         helper.add("session", "context_compacted", content=Content.json(event))
+    elif etype == "thread_settings_applied":
+        thread_settings(helper, event)
     elif etype not in QUIET_EVENTS:
         return False
     return True

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from ._parsed import LineSplit, Outcome
     from ._policy import CapturePolicy
 
+_BODY: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+"""The entry body's encoding (``json.dumps(body, ensure_ascii=False, sort_keys=True)``),
+built once instead of per entry."""
+
 PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
     "claude_code": parse_claude,
     "codex": parse_codex,
@@ -95,7 +99,6 @@ class Ingest(Rows):
             path_key=path_key,
             policy=policy,
             redactor=self.redactor,
-            objects=self.objects,
             boundary=boundary,
             lines={line.number: line for line in split.lines},
         )
@@ -107,12 +110,14 @@ class Ingest(Rows):
         rows = [row for d in outcome.drafts if (row := mat.entry(d, sources[d.session], ids))]
         with transaction(self.conn):
             ensure_run(self.conn, run_id, policy, self.now)
+            was_linked = self._in_run_links(run_id, sources)
             pks = {key: self.put_source(run_id, path_key, src) for key, src in sources.items()}
-            written = self._put_entries(run_id, rows, pks)
+            written, inserted = self._put_entries(run_id, rows, pks)
             self._put_objects(mat)
             self._put_actions(run_id, outcome, rows, sources)
             put_file_links(self.conn, run_id, outcome.links, rows, self.redactor.clean)
-            rebuild_run_links(self.conn, run_id)
+            if was_linked or _may_link(sources, outcome, inserted):
+                rebuild_run_links(self.conn, run_id)
             self._put_file(run_id, path_key, data, boundary, split.complete_end)
             reports = [
                 self._report(
@@ -121,6 +126,28 @@ class Ingest(Rows):
                 for key in outcome.sessions
             ]
         return IngestReport(run_id, path_key, detected, tuple(reports))
+
+    # ---- run links -------------------------------------------------------------------
+
+    def _in_run_links(self, run_id: str, sources: dict[str, dict[str, Any]]) -> bool:
+        """Whether a source of this file already takes part in the run's cross-file links
+        (it was a subagent's sidechain, or recorded a ``task_agent`` action)."""
+        ids = [src["id"] for src in sources.values()]
+        if not ids:
+            return False
+        marks = ",".join("?" * len(ids))
+        sessions = [src["session_id"] for src in sources.values()]
+        session_marks = ",".join("?" * len(sessions))
+        # ... or a spawn of the run names one of its sessions (a delegation's child).
+        found = self.conn.execute(
+            f"SELECT 1 FROM sources WHERE id IN ({marks}) AND agent_id IS NOT NULL "
+            f"UNION ALL SELECT 1 FROM actions WHERE run_id=? AND kind IN ('task_agent', 'spawn') "
+            f"AND source_id IN ({marks}) "
+            f"UNION ALL SELECT 1 FROM actions WHERE run_id=? AND kind='spawn' "
+            f"AND target IN ({session_marks}) LIMIT 1",
+            (*ids, run_id, *ids, run_id, *sessions),
+        ).fetchone()
+        return found is not None
 
     # ---- boundary --------------------------------------------------------------------
 
@@ -164,8 +191,9 @@ class Ingest(Rows):
 
     def _put_entries(
         self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
-    ) -> Counter[tuple[str, str, str]]:
-        """Write new entries and revisions; count (session, scope, stored|duplicates)."""
+    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow]]:
+        """Write new entries and revisions; count (session, scope, stored|duplicates) and
+        return the rows written."""
         tally: Counter[tuple[str, str, str]] = Counter()
         existing: dict[str, tuple[int, str]] = {}
         for pk in set(pks.values()):
@@ -175,6 +203,9 @@ class Ingest(Rows):
                 (run_id, pk),
             ):
                 existing[found["source_key"]] = (found["revision"], found["object_hash"])
+        superseded: list[tuple[str, str]] = []
+        inserts: list[tuple[Any, ...]] = []
+        inserted: list[EntryRow] = []
         for row in rows:
             known = existing.get(row.source_key)
             if known is not None and known[1] == row.object_hash:
@@ -183,15 +214,9 @@ class Ingest(Rows):
             revision = 0
             if known is not None:
                 revision = known[0] + 1
-                self.conn.execute(
-                    "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?",
-                    (run_id, row.source_key),
-                )
+                superseded.append((run_id, row.source_key))
             body = dict(row.body, created_at=self.now)
-            self.conn.execute(
-                "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
-                "revision, latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, "
-                "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
+            inserts.append(
                 (
                     row.id,
                     run_id,
@@ -207,13 +232,26 @@ class Ingest(Rows):
                     row.raw_ref,
                     row.intent_ref,
                     row.object_hash,
-                    json.dumps(body, ensure_ascii=False, sort_keys=True),
-                ),
+                    _BODY.encode(body),
+                )
             )
             tally[(row.session, row.scope, "stored")] += 1
-        return tally
+            inserted.append(row)
+        # Each source key appears once per pass, so marking the earlier revisions first and
+        # inserting afterwards is the same as doing both row by row.
+        self.conn.executemany(
+            "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?", superseded
+        )
+        self.conn.executemany(
+            "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
+            "revision, latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, "
+            "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
+            inserts,
+        )
+        return tally, inserted
 
     def _put_objects(self, mat: Materializer) -> None:
+        self.objects.put_many(mat.pending.items())
         self.conn.executemany(
             "INSERT OR IGNORE INTO objects(ref, bytes, media_type, redacted) VALUES (?,?,?,?)",
             [
@@ -361,6 +399,31 @@ class Ingest(Rows):
         for name, value in outcome.usage.get(key, Counter()).items():
             summary[f"usage_{name}"] = value
         return SourceReport(report, dict(sorted(summary.items())))
+
+
+def _may_link(
+    sources: dict[str, dict[str, Any]], outcome: Outcome, inserted: list[EntryRow]
+) -> bool:
+    """Whether this pass can change the run's cross-file links (``rebuild_run_links``).
+
+    Those links are computed from: sources with an ``agent_id`` and their latest entries,
+    ``task_agent`` and ``spawn`` actions and the kind of the call entry each names, the
+    entries of the sessions a spawn names, and ``session`` entries with status
+    ``compact_boundary`` (any revision) of the sessions compaction agents belong to. A pass
+    touches only its own file's sources and entries, so when none of its sources has (or
+    had, see ``_in_run_links``) an ``agent_id``, a ``task_agent`` or ``spawn`` action, or is
+    a session a spawn names, and it writes no ``compact_boundary`` entry, every input of the
+    rebuild is as it was and so is its result: the rebuild, which reads the whole run, is
+    skipped.
+    """
+    return (
+        any(src.get("agent_id") for src in sources.values())
+        or any(action.kind in ("task_agent", "spawn") for action in outcome.actions)
+        or any(
+            row.kind == "session" and row.body.get("status") == "compact_boundary"
+            for row in inserted
+        )
+    )
 
 
 def _hash(data: bytes) -> str:

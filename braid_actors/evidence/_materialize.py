@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from braid_actors.model import digest
 
-from ._objects import MAX_OBJECT_BYTES, ObjectStore
+from ._objects import MAX_OBJECT_BYTES, ref_of
 from ._parsed import Line
 from ._policy import CapturePolicy
 from ._redact import Redactor
@@ -39,6 +40,19 @@ PRIOR: Final = "prior_context"
 CURRENT: Final = "current_execution"
 
 
+# Encoders built once (``json.dumps`` with options builds one per call): _CANONICAL has
+# exactly the options of ``model.canonical_json``, _COMPACT those objects were encoded with.
+_CANONICAL: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+)
+_COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def object_digest(value: Any) -> str:
+    """``model.digest`` of a JSON value (the same canonical bytes, the same hash)."""
+    return "sha256:" + hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
+
+
 def _short(value: Any, size: int = 32) -> str:
     return digest(value)[len("sha256:") :][:size]
 
@@ -48,7 +62,10 @@ def source_id(run_id: str, harness: str, path_key: str, session_id: str) -> str:
 
 
 def entry_id(run_id: str, source_key: str) -> str:
-    return "ctx_" + _short([run_id, source_key])
+    # The canonical JSON of the pair, spelled out: the same bytes ``digest`` hashes (json's
+    # own string encoder), without a general encoder call per entry.
+    pair = "[" + encode_basestring(run_id) + "," + encode_basestring(source_key) + "]"
+    return "ctx_" + hashlib.sha256(pair.encode("utf-8")).hexdigest()[:32]
 
 
 @attrs.frozen
@@ -79,10 +96,11 @@ class Materializer:
     path_key: str
     policy: CapturePolicy
     redactor: Redactor
-    objects: ObjectStore
     boundary: int
     lines: dict[int, Line]
     objects_written: dict[str, tuple[int, str, bool]] = attrs.Factory(dict)
+    pending: dict[str, bytes] = attrs.Factory(dict)
+    """Bodies to write with the pass's rows (by ref)."""
     omissions: dict[tuple[str, str], Counter[str]] = attrs.Factory(dict)
     truncated: Counter[tuple[str, str]] = attrs.Factory(Counter)
     _raw: dict[int, dict[str, Any]] = attrs.Factory(dict)
@@ -116,7 +134,10 @@ class Materializer:
         return body
 
     def omit(self, session: str, scope: str, category: str) -> None:
-        self.omissions.setdefault((session, scope), Counter())[category] += 1
+        counts = self.omissions.get((session, scope))
+        if counts is None:
+            counts = self.omissions[(session, scope)] = Counter()
+        counts[category] += 1
 
     def entry(
         self, draft: Draft, source: dict[str, Any], ids: dict[tuple[int, int], str]
@@ -173,7 +194,7 @@ class Materializer:
             body["evidence_refs"] = refs
         hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
         hashed["source_id"] = source["id"]
-        object_hash = digest(hashed)
+        object_hash = object_digest(hashed)
         body["object_hash"] = object_hash
         return EntryRow(
             id=ids[draft.key],
@@ -227,11 +248,8 @@ class Materializer:
     def _store_json(
         self, value: Any, draft: Draft | None = None, scope: str = CURRENT
     ) -> dict[str, Any]:
-        clean, hit = self.redactor.value(value)
-        text = self.redactor.text(_dumps(clean).decode("utf-8"))
-        return self._put(
-            text.text.encode("utf-8"), "application/json", hit or text.redacted, draft, scope
-        )
+        text = self.redactor.json_text(value, _dumps(value).decode("utf-8"))
+        return self._put(text.text.encode("utf-8"), "application/json", text.redacted, draft, scope)
 
     def _put(
         self, data: bytes, media_type: str, redacted: bool, draft: Draft | None, scope: str
@@ -246,8 +264,10 @@ class Materializer:
                 "state": "unavailable",
                 "reason": "capture_limit",
             }
-        ref = self.objects.put(data)
-        self.objects_written.setdefault(ref, (len(data), media_type, redacted))
+        ref = ref_of(data)
+        if ref not in self.objects_written:
+            self.objects_written[ref] = (len(data), media_type, redacted)
+            self.pending[ref] = data
         return {
             "ref": ref,
             "bytes": len(data),
@@ -272,7 +292,7 @@ class Materializer:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _COMPACT.encode(value).encode("utf-8")
 
 
 def _omitted(original: bytes, media_type: str, digest_scope: str) -> dict[str, Any]:

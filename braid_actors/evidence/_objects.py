@@ -1,27 +1,32 @@
 """Content-addressed objects: redacted bodies stored once, verified on every read.
 
-An object lives at ``<root>/sha256/<first two hex>/<remaining 62 hex>`` (mode 0600), named by
-the SHA-256 of its bytes; its reference is ``sha256:<hex>``. Bytes are always already
-redacted when they arrive here (see :mod:`._redact`), so the reference never names a secret.
-Writes go to a temporary file that is renamed into place, so a reader never sees half an
-object; a body already present is not rewritten. A read recomputes the digest and raises
-:class:`EvidenceReadFailed` on any mismatch or I/O error: a tampered object is never served.
+An object is a row of ``object_data(ref, data)`` in the evidence database, named by the
+SHA-256 of its bytes; its reference is ``sha256:<hex>``. Bytes are always already redacted
+when they arrive here (see :mod:`._redact`), so the reference never names a secret. An
+ingest writes its objects in the same transaction as the entries citing them, so a reader
+never sees an entry without its body; a body already present is not written again. A read
+recomputes the digest and raises :class:`EvidenceReadFailed` on any mismatch or when the
+body is missing: a tampered object is never served.
 
-Objects are not fsynced one by one: the evidence store can be rebuilt from the transcripts,
-and a torn object is caught by the read check, never served.
+Stores written before objects moved into the database kept one file per object at
+``<root>/sha256/<first two hex>/<remaining 62 hex>``; such files are still read (and
+verified the same way) when the database has no row for the reference.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
+import sqlite3
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from braid_actors.errors import EvidenceInvalidArgument, EvidenceReadFailed
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 MAX_OBJECT_BYTES: Final = 33_554_432
 """Largest body stored (32 MiB, the spec's ``total_bytes`` ceiling); larger is ``capture_limit``."""
@@ -55,11 +60,14 @@ class Page:
 
 @attrs.define(eq=False)
 class ObjectStore:
-    """Objects under ``root`` (``$BRAID_HOME/objects``)."""
+    """Objects in the evidence database (and legacy files under ``root``)."""
 
     root: Path
+    """``$BRAID_HOME/objects``: where older stores kept one file per object."""
+    conn: sqlite3.Connection
 
     def path_of(self, ref: str) -> Path:
+        """Where an older store kept ``ref`` as a file."""
         if not REF_RE.fullmatch(ref):
             raise EvidenceInvalidArgument("ref must be sha256: and 64 lowercase hex digits")
         hexpart = ref[len("sha256:") :]
@@ -68,30 +76,31 @@ class ObjectStore:
     def put(self, data: bytes) -> str:
         """Store ``data`` (already redacted) and return its reference."""
         ref = ref_of(data)
-        path = self.path_of(ref)
-        if path.exists():
-            return ref
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        self.put_many([(ref, data)])
         return ref
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Store ``(ref, data)`` pairs whose refs the caller computed with :func:`ref_of`."""
+        self.conn.executemany("INSERT OR IGNORE INTO object_data(ref, data) VALUES (?,?)", items)
+
+    def exists(self, ref: str) -> bool:
+        """Whether ``ref`` is stored at all (a row, or an older store's file), verified or not."""
+        found = self.conn.execute("SELECT 1 FROM object_data WHERE ref=?", (ref,)).fetchone()
+        return found is not None or self.path_of(ref).exists()
 
     def get(self, ref: str) -> bytes:
         """The verified bytes of ``ref``; :class:`EvidenceReadFailed` if missing or tampered."""
         path = self.path_of(ref)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise EvidenceReadFailed(
-                "a stored evidence object could not be read", details={"ref": ref}
-            ) from None
+        row = self.conn.execute("SELECT data FROM object_data WHERE ref=?", (ref,)).fetchone()
+        if row is not None:
+            data = bytes(row[0])
+        else:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                raise EvidenceReadFailed(
+                    "a stored evidence object could not be read", details={"ref": ref}
+                ) from None
         if ref_of(data) != ref:
             raise EvidenceReadFailed(
                 "a stored evidence object does not match its hash", details={"ref": ref}

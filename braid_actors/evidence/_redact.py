@@ -15,6 +15,7 @@ value looks like one. Callers add their own regular expressions (kind ``configur
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING, Any, Final
 
@@ -61,7 +62,8 @@ BUILTIN_PATTERNS: Final[tuple[tuple[str, str], ...]] = (
 
 
 # Literals at least one of which every match of the built-in rule contains (matched with the
-# rule's own case flag), so a string without any of them is skipped without running the rule.
+# rule's own case flag; case-folded literals are lowercase), so a string without any of them
+# is skipped without running the rule.
 _HINTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "pem_private_key": (("PRIVATE KEY",), False),
     "anthropic_key": (("sk-ant-",), False),
@@ -77,8 +79,32 @@ _HINTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "bearer_token": (("bearer",), True),
     "basic_credentials": (("basic",), True),
     "url_credentials": (("://",), False),
-    "secret_assignment": (("api", "secret", "token", "private", "passw", "credential"), True),
+    # Every name of _SECRET_NAME spelled out up to its first optional part (a bare "token"
+    # would match every usage record's "input_tokens").
+    "secret_assignment": (
+        (
+            "api",
+            "secret",
+            "access_token",
+            "access-token",
+            "accesstoken",
+            "auth_token",
+            "auth-token",
+            "authtoken",
+            "refresh_token",
+            "refresh-token",
+            "refreshtoken",
+            "private",
+            "passw",
+            "credential",
+        ),
+        True,
+    ),
 }
+
+_MEMO_MAX_CHARS: Final = 256
+"""Strings up to this length are remembered with their result (ids, keys, names repeat)."""
+_MEMO_MAX_ENTRIES: Final = 65_536
 
 
 def _hint(kind: str) -> re.Pattern[str]:
@@ -91,10 +117,23 @@ class _Rule:
     kind: str
     pattern: re.Pattern[str]
     hint: re.Pattern[str] | None = None
+    literals: tuple[str, ...] = ()
+    fold: bool = False
 
-    def apply(self, value: str) -> tuple[str, int]:
-        if self.hint is not None and self.hint.search(value) is None:
-            return value, 0
+    def may_match(self, value: str, lowered: str | None) -> bool:
+        """False only when no match of the rule can occur in ``value``.
+
+        ``lowered`` is ``value.lower()`` when ``value`` is ASCII (where lowering is exactly
+        the regex engine's case folding), else null (the hint regex decides).
+        """
+        if self.hint is None:
+            return True
+        if lowered is None:
+            return self.hint.search(value) is not None
+        haystack = lowered if self.fold else value
+        return any(literal in haystack for literal in self.literals)
+
+    def substitute(self, value: str) -> tuple[str, int]:
         marker = f"[REDACTED:{self.kind}]"
         if "keep" in self.pattern.groupindex:
             # The name or scheme stays readable; only the secret after it goes.
@@ -103,7 +142,7 @@ class _Rule:
 
 
 _BUILTIN: Final = tuple(
-    _Rule(kind, re.compile(source), _hint(kind)) for kind, source in BUILTIN_PATTERNS
+    _Rule(kind, re.compile(source), _hint(kind), *_HINTS[kind]) for kind, source in BUILTIN_PATTERNS
 )
 
 
@@ -117,9 +156,14 @@ class Redacted:
 
 @attrs.define(eq=False)
 class Redactor:
-    """Applies the built-in rules plus configured regular expressions."""
+    """Applies the built-in rules plus configured regular expressions.
+
+    Results of short strings are remembered (in memory only, for the redactor's lifetime):
+    redaction is a pure function of the string, so a remembered result is the result.
+    """
 
     rules: tuple[_Rule, ...]
+    _memo: dict[str, Redacted] = attrs.field(factory=dict, init=False)
 
     @classmethod
     def create(cls, patterns: Sequence[str] = ()) -> Redactor:
@@ -135,12 +179,44 @@ class Redactor:
                 ) from None
         return cls(rules=(*_BUILTIN, *configured))
 
+    def candidates(self, value: str) -> tuple[bool, ...]:
+        """Per rule: whether it may match somewhere in ``value`` (if not, it leaves ``value``
+        and every substring of it unchanged)."""
+        lowered = value.lower() if value.isascii() else None
+        return tuple(rule.may_match(value, lowered) for rule in self.rules)
+
     def text(self, value: str) -> Redacted:
         """Redact one string."""
+        short = len(value) <= _MEMO_MAX_CHARS
+        if short:
+            known = self._memo.get(value)
+            if known is not None:
+                return known
+        result = self._run(value, None)
+        if short:
+            if len(self._memo) >= _MEMO_MAX_ENTRIES:
+                self._memo.clear()
+            self._memo[value] = result
+        return result
+
+    def _run(self, value: str, allowed: tuple[bool, ...] | None) -> Redacted:
+        """Apply the rules in order, each only when its hint occurs in the current text.
+
+        ``allowed`` (from :meth:`candidates` of a text containing ``value``) may rule a hint
+        out in advance; that holds only while ``value`` is unchanged, since a replacement
+        marker can bring a hint in, so after the first replacement every rule is checked.
+        """
+        lowered = value.lower() if value.isascii() else None
         changed = False
-        for rule in self.rules:
-            value, count = rule.apply(value)
-            changed = changed or count > 0
+        for index, rule in enumerate(self.rules):
+            if allowed is not None and not changed and not allowed[index]:
+                continue
+            if not rule.may_match(value, lowered):
+                continue
+            value, count = rule.substitute(value)
+            if count:
+                changed = True
+                lowered = value.lower() if value.isascii() else None
         return Redacted(value, changed)
 
     def clean(self, value: str) -> str:
@@ -149,14 +225,38 @@ class Redactor:
 
     def value(self, value: Any) -> tuple[Any, bool]:
         """Redact every string (keys included) inside a parsed JSON value."""
+        return self._value(value, None)
+
+    def json_text(self, value: Any, encoded: str) -> Redacted:
+        """The redacted JSON text of ``value``, whose compact encoding is ``encoded``.
+
+        The same as redacting every string and key of ``value``, encoding the result and
+        redacting that text (a secret can span a key and its value), but cheaper: a rule
+        whose literal hint is absent from ``encoded`` is absent from every string inside it
+        too (encoding only escapes quotes, backslashes and control characters, which no hint
+        contains), so it is not tried on them; and when no string changes, the encoding is
+        reused instead of encoding again.
+        """
+        allowed = self.candidates(encoded)
+        if not any(allowed):
+            return Redacted(encoded, False)
+        clean, hit = self._value(value, allowed)
+        if not hit:
+            return self._run(encoded, allowed)
+        return Redacted(self.text(_compact(clean)).text, True)
+
+    def _value(self, value: Any, allowed: tuple[bool, ...] | None) -> tuple[Any, bool]:
         if isinstance(value, str):
-            result = self.text(value)
+            if allowed is None or len(value) <= _MEMO_MAX_CHARS:
+                result = self.text(value)  # remembered: keys and short values repeat
+            else:
+                result = self._run(value, allowed)
             return result.text, result.redacted
         if isinstance(value, list):
             changed = False
             items: list[Any] = []
             for item in value:
-                clean, hit = self.value(item)
+                clean, hit = self._value(item, allowed)
                 items.append(clean)
                 changed = changed or hit
             return items, changed
@@ -164,9 +264,13 @@ class Redactor:
             changed = False
             mapping: dict[str, Any] = {}
             for key, item in value.items():
-                clean_key = self.text(str(key))
-                clean, hit = self.value(item)
-                mapping[clean_key.text] = clean
-                changed = changed or hit or clean_key.redacted
+                clean_key, key_hit = self._value(str(key), allowed)
+                clean, hit = self._value(item, allowed)
+                mapping[clean_key] = clean
+                changed = changed or hit or key_hit
             return mapping, changed
         return value, False
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

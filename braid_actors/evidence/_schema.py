@@ -17,7 +17,8 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
             kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, object_hash, body)
                                              body = Entry wire JSON without ``source``
     objects(ref PRIMARY KEY, bytes, media_type, redacted)
-                                             bodies live in files (see ``_objects``)
+    object_data(ref UNIQUE, data)            the bodies (see ``_objects``; older stores
+                                             kept them as files under ``objects/``)
     actions(pk, run_id, source_id, entry_id, object_hash, kind, harness, session_id,
             target, agent_id, tool_call_id, recorded_at, body_limited)
                                              typed spawn / send_input / task_agent facts
@@ -35,7 +36,7 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
                                              tool result; evidence = JSON naming the source
                                              fields and records the link rests on
 
-Every ingest writes its rows in one transaction, after the objects it cites are on disk.
+Every ingest writes its rows and the objects they cite in one transaction.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ CREATE TABLE IF NOT EXISTS sources(
     path_key TEXT NOT NULL, body TEXT NOT NULL, updated_at TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sources_run ON sources(run_id, pk);
 CREATE INDEX IF NOT EXISTS sources_session ON sources(harness, session_id);
+CREATE INDEX IF NOT EXISTS sources_session_any ON sources(session_id, agent_id);
 CREATE TABLE IF NOT EXISTS files(
     run_id TEXT NOT NULL, path_key TEXT NOT NULL, boundary INTEGER NOT NULL,
     boundary_hash TEXT NOT NULL, cursor INTEGER NOT NULL, cursor_hash TEXT NOT NULL,
@@ -84,11 +86,14 @@ CREATE TABLE IF NOT EXISTS entries(
 CREATE INDEX IF NOT EXISTS entries_page
     ON entries(run_id, source_pk, sequence, ordinal, revision);
 CREATE INDEX IF NOT EXISTS entries_id ON entries(run_id, id);
+CREATE INDEX IF NOT EXISTS entries_source ON entries(source_pk, latest, sequence, ordinal);
 CREATE INDEX IF NOT EXISTS entries_tool ON entries(run_id, tool_call_id);
 CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref);
 CREATE TABLE IF NOT EXISTS objects(
     ref TEXT PRIMARY KEY, bytes INTEGER NOT NULL, media_type TEXT NOT NULL,
     redacted INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS object_data(
+    pk INTEGER PRIMARY KEY, ref TEXT NOT NULL UNIQUE, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS actions(
     pk INTEGER PRIMARY KEY, run_id TEXT NOT NULL, source_id TEXT NOT NULL,
     entry_id TEXT NOT NULL, object_hash TEXT NOT NULL, kind TEXT NOT NULL,
@@ -129,6 +134,8 @@ def connect(home: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
+        # ANALYZE reads a bounded sample per index (see refresh_statistics).
+        conn.execute("PRAGMA analysis_limit=400")
         conn.executescript(_DDL)
         row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
         if row is None:
@@ -145,6 +152,21 @@ def connect(home: Path) -> sqlite3.Connection:
     except (sqlite3.Error, OSError):
         raise EvidenceStoreUnavailable("the evidence database cannot be opened") from None
     return conn
+
+
+def refresh_statistics(conn: sqlite3.Connection, analyzed_rows: int) -> int:
+    """Refresh the query planner's statistics (a bounded sample, a few milliseconds) when the
+    entries table has doubled since ``analyzed_rows``; returns the size they describe.
+
+    Without them SQLite joins the run's links queries from the entries side and scans every
+    entry of the run on each ingest; with them it starts from the few sources concerned.
+    """
+    row = conn.execute("SELECT MAX(pk) FROM entries").fetchone()
+    rows = int(row[0] or 0)
+    if rows >= 2 * analyzed_rows and rows > analyzed_rows:
+        conn.execute("ANALYZE")
+        return rows
+    return analyzed_rows
 
 
 def cursor_key(conn: sqlite3.Connection) -> bytes:

@@ -32,7 +32,7 @@ from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entrie
 from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
 from ._relations import session_relations
-from ._schema import connect, cursor_key
+from ._schema import connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -52,10 +52,11 @@ class EvidenceStore:
     def __init__(self, home: Path, conn: sqlite3.Connection, redactor: Redactor) -> None:
         self.home = home
         self._conn = conn
-        self._objects = ObjectStore(home / "objects")
+        self._objects = ObjectStore(home / "objects", conn)
         self._redactor = redactor
         self._codec = CursorCodec(cursor_key(conn))
         self._lock = threading.Lock()
+        self._analyzed_rows = 0  # entries the planner statistics last described (this process)
 
     @classmethod
     def open(cls, home: Path, *, redaction_patterns: Sequence[str] = ()) -> EvidenceStore:
@@ -104,7 +105,7 @@ class EvidenceStore:
             )
         with self._guard():
             chosen = self._policy(run_id, policy)
-            return Ingest(
+            report = Ingest(
                 self._conn, self._redactor, _runtime.now_text(), objects=self._objects
             ).run(
                 Path(path),
@@ -113,6 +114,8 @@ class EvidenceStore:
                 policy=chosen,
                 resume_offset=resume_offset,
             )
+            self._analyzed_rows = refresh_statistics(self._conn, self._analyzed_rows)
+            return report
 
     def _policy(self, run_id: str, policy: str | CapturePolicy | None) -> CapturePolicy:
         wanted = make_policy(policy) if isinstance(policy, str) else policy

@@ -3,16 +3,17 @@
 They were produced by the real Claude Code 2.1.332 and Codex 0.171.0 running offline
 against the scripted model (one shell tool call each), so the parsers are checked
 against today's formats as well as the published older ones in shared/. The record types
-these CLIs added are recognized now; the few whose meaning the record does not show stay
-counted ``unrecognized`` and keep the coverage an honest ``partial`` — never dropped, never
-fatal, never ``ok``:
+these CLIs added are all recognized, so both files ingest ``ok``:
 
-- Claude Code ``atis-latch``: its one field ``atis`` (empty here) says nothing we can read.
-- Codex ``event_msg/thread_settings_applied``: an event type outside this parser's list.
+- Claude Code ``atis-latch``: its one field ``atis`` (empty here) says nothing we can read,
+  so it is a ``session`` entry carrying the record's fields as they are (nothing derived).
+- Codex ``event_msg/thread_settings_applied``: a settings snapshot, so a ``configuration``
+  entry whose present fields are the settings keys the record holds.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from braid_actors.evidence import EvidenceStore
@@ -32,43 +33,46 @@ NEW_CLAUDE_TYPES = {
     "tools-used": ("session", "tools_used"),
     "last-prompt": ("session", "last_prompt"),
     "cost-state": ("session", "cost_state"),
+    "atis-latch": ("session", "atis_latch"),
 }
-UNKNOWN_CLAUDE_TYPES = {"atis-latch"}
 NEW_CODEX_TYPES = {
     "world_state": ("configuration", "world_state"),
     "token_usage_record": ("session", "token_usage_record"),
 }
-UNKNOWN_CODEX_EVENTS = {"thread_settings_applied"}
+NEW_CODEX_EVENTS = {"thread_settings_applied": ("configuration", "thread_settings_applied")}
 
 
 def _lines(path: Path, types: set[str] | dict[str, tuple[str, str]]) -> set[int]:
     return {n for n, r in enumerate(read_records(path), start=1) if r.get("type") in types}
 
 
-def _unknown_codex_lines(path: Path) -> set[int]:
+def _codex_event_lines(path: Path) -> dict[int, dict[str, object]]:
     return {
-        n
+        n: r
         for n, r in enumerate(read_records(path), start=1)
-        if r.get("type") == "event_msg" and r["payload"].get("type") in UNKNOWN_CODEX_EVENTS
+        if r.get("type") == "event_msg" and r["payload"].get("type") in NEW_CODEX_EVENTS
     }
 
 
 def test_current_claude_code_session_ingests_with_exact_counts(tmp_path: Path) -> None:
-    """A session file from the pinned Claude Code: counts and usage match plain JSON; only
-    ``atis-latch`` lines are unrecognized."""
+    """A session file from the pinned Claude Code: counts and usage match plain JSON; every
+    record is recognized, so the coverage is ``ok`` with no issues."""
     path = HERE / "claude-code" / "session-tool-call.jsonl"
     expected = claude_counts(path)
     assert expected["tool_calls"] == 1
-    unknown = _lines(path, UNKNOWN_CLAUDE_TYPES)
-    assert unknown
+    assert _lines(path, {"atis-latch"})  # the record kind this check is about is here
     with EvidenceStore.open(tmp_path) as store:
         report = store.ingest(path, run_id="run_current_claude")
         (source,) = report.sources
         coverage = source.coverage
-        assert coverage["status"] == "partial"
-        assert {i["code"] for i in coverage["issues"]} == {"unrecognized_record"}
-        assert {i["line"] for i in coverage["issues"]} == unknown
-        assert coverage["counts"]["unrecognized"] == len(unknown)
+        assert coverage["status"] == "ok"
+        assert coverage["issues"] == []
+        assert coverage["counts"]["unrecognized"] == 0
+        assert coverage["counts"]["parsed"] == len(read_records(path))
+        latches = store.entries("run_current_claude", kind="session")["entries"]
+        (latch, *_) = [e for e in latches if e["status"] == "atis_latch"]
+        body = store.content("run_current_claude", latch["content"]["ref"])["content"]
+        assert json.loads(body) == {"atis": ""}
         for key in ("tool_calls", "tool_results", "messages", "reasoning", "unmatched_calls"):
             assert source.summary.get(key, 0) == expected[key], key
         # cost-state repeats the assistant usage: it must not be counted a second time.
@@ -90,21 +94,20 @@ def test_current_claude_code_new_records_become_entries() -> None:
 
 
 def test_current_codex_rollout_ingests_with_exact_counts(tmp_path: Path) -> None:
-    """A rollout from the pinned Codex: counts and usage match plain JSON; only the
-    ``thread_settings_applied`` event is unrecognized."""
+    """A rollout from the pinned Codex: counts and usage match plain JSON; every record is
+    recognized (``thread_settings_applied`` too), so the coverage is ``ok`` with no issues."""
     path = HERE / "codex" / "rollout-tool-call.jsonl"
     expected = codex_counts(path)
     assert expected["tool_calls"] == 1
-    unknown = _unknown_codex_lines(path)
-    assert unknown
+    assert _codex_event_lines(path)
     with EvidenceStore.open(tmp_path) as store:
         report = store.ingest(path, run_id="run_current_codex")
         (source,) = report.sources
         coverage = source.coverage
-        assert coverage["status"] == "partial"
-        assert {i["code"] for i in coverage["issues"]} == {"unrecognized_record"}
-        assert {i["line"] for i in coverage["issues"]} == unknown
-        assert coverage["counts"]["unrecognized"] == len(unknown)
+        assert coverage["status"] == "ok"
+        assert coverage["issues"] == []
+        assert coverage["counts"]["unrecognized"] == 0
+        assert coverage["counts"]["parsed"] == len(read_records(path))
         for key in ("tool_calls", "tool_results", "messages", "unmatched_calls"):
             assert source.summary.get(key, 0) == expected[key], key
         # token_usage_record repeats the token_count totals: counted once, not twice.
@@ -120,5 +123,24 @@ def test_current_codex_new_records_become_entries() -> None:
         drafts = [d for d in out.drafts if d.line == number]
         kind, status = NEW_CODEX_TYPES[records[number - 1]["type"]]
         assert [(d.kind, d.status) for d in drafts] == [(kind, status)], number
+    for number, record in _codex_event_lines(path).items():
+        (draft,) = [d for d in out.drafts if d.line == number]
+        payload = record["payload"]
+        assert isinstance(payload, dict)
+        assert (draft.kind, draft.status) == NEW_CODEX_EVENTS[payload["type"]]
+        assert draft.content is not None and draft.content.value == payload
+        # Present fields are exactly the settings keys this record holds.
+        settings = payload["thread_settings"]
+        assert {"model", "model_provider_id", "approval_policy", "cwd"} <= settings.keys()
+        assert draft.fields == {
+            "configuration",
+            "configuration.model",
+            "configuration.provider",
+            "configuration.approval_policy",
+            "configuration.workdir",
+            "configuration.sandbox_policy",
+            "configuration.directory_restrictions",
+            "configuration.network_restrictions",
+        }
     (session,) = out.sessions
     assert out.stats[session]["token_usage_records"] == 2

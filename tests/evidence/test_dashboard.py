@@ -12,6 +12,7 @@ import functools
 import json
 import shutil
 import sqlite3
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -446,10 +447,13 @@ async def test_omitted_missing_tampered_and_unknown_nodes(dash: Dash) -> None:
             for e in _all_entries(store, dash.served.run_id)
             if e["content"].get("state") == "stored"
         ]
-    hexes = [ref.removeprefix("sha256:") for ref in stored[:2]]
-    paths = [dash.served.home / "objects" / "sha256" / h[:2] / h[2:] for h in hexes]
-    paths[0].write_bytes(paths[0].read_bytes() + b"tampered")
-    paths[1].unlink()
+    # Objects are rows of the evidence database: alter one, delete another.
+    with closing(sqlite3.connect(dash.served.home / "evidence.sqlite3")) as conn, conn:
+        (data,) = conn.execute("SELECT data FROM object_data WHERE ref=?", (stored[0],)).fetchone()
+        conn.execute(
+            "UPDATE object_data SET data=? WHERE ref=?", (bytes(data) + b"tampered", stored[0])
+        )
+        conn.execute("DELETE FROM object_data WHERE ref=?", (stored[1],))
     tampered = await artifact(dash, node=stored[0])
     assert (tampered["content_state"], tampered["reason"]) == (
         "integrity_failure",

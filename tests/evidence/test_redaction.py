@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import pytest
@@ -94,7 +96,11 @@ def test_seeded_secrets_are_nowhere_in_the_store(tmp_path: Path, policy: str) ->
         redacted = [e for e in page["entries"] if e["content"].get("redacted")]
         assert redacted, "redacted bodies say so"
     everything = _all_bytes(home)
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        blobs = [bytes(data) for (data,) in conn.execute("SELECT data FROM object_data")]
+    assert bodies and {body.encode() for body in bodies} <= set(blobs)
     for secret in SECRETS:
+        assert all(secret.encode() not in blob for blob in blobs), secret
         assert secret not in dumped
         assert all(secret not in body for body in bodies)
         assert secret.encode() not in everything, secret

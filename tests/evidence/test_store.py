@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -52,8 +55,16 @@ def _turn(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def _objects(home: Path) -> set[Path]:
-    return {p for p in (home / "objects").rglob("*") if p.is_file()}
+def _objects(home: Path) -> set[str]:
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        return {ref for (ref,) in conn.execute("SELECT ref FROM object_data")}
+
+
+def _sql(home: Path, statement: str, *args: object) -> None:
+    """One write through a second connection (the store's own stays open)."""
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        conn.execute(statement, args)
+        conn.commit()
 
 
 def _append(path: Path, records: list[dict[str, Any]]) -> None:
@@ -180,22 +191,45 @@ def test_missing_empty_and_unknown_files(store: EvidenceStore, tmp_path: Path) -
 def test_objects_are_content_addressed_and_verified(
     store: EvidenceStore, home: Path, tmp_path: Path
 ) -> None:
-    """Bodies live at objects/sha256/ab/cdef…; a tampered object is an error, never served."""
+    """A body is stored under the digest of its bytes; a tampered object is an error, never
+    served, and so is a missing one."""
     store.ingest(jsonl(tmp_path / "s.jsonl", _turn(1)), run_id="run_o")
     (call,) = store.entries("run_o", kind="tool_call")["entries"]
     ref = call["content"]["ref"]
     hexpart = ref.removeprefix("sha256:")
-    path = home / "objects" / "sha256" / hexpart[:2] / hexpart[2:]
-    assert path.is_file() and call["content"]["sha256"] == hexpart
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        (data,) = conn.execute("SELECT data FROM object_data WHERE ref=?", (ref,)).fetchone()
+    assert hashlib.sha256(data).hexdigest() == hexpart == call["content"]["sha256"]
     assert json.loads(store.content("run_o", ref)["content"]) == {"command": "echo 1"}
-    path.chmod(0o600)
-    path.write_bytes(b'{"command":"rm -rf /"}')
+    _sql(home, "UPDATE object_data SET data=? WHERE ref=?", b'{"command":"rm -rf /"}', ref)
     with pytest.raises(EvidenceReadFailed) as failure:
         store.content("run_o", ref)
     assert failure.value.code == "evidence_read_failed"
-    path.unlink()
+    _sql(home, "DELETE FROM object_data WHERE ref=?", ref)
     with pytest.raises(EvidenceReadFailed):
         store.content("run_o", ref)
+
+
+def test_objects_of_older_stores_are_read_from_files(
+    store: EvidenceStore, home: Path, tmp_path: Path
+) -> None:
+    """A store written when objects were files (objects/sha256/ab/cdef…) still serves them,
+    verified the same way."""
+    store.ingest(jsonl(tmp_path / "s.jsonl", _turn(1)), run_id="run_f")
+    (call,) = store.entries("run_f", kind="tool_call")["entries"]
+    ref = call["content"]["ref"]
+    hexpart = ref.removeprefix("sha256:")
+    _sql(home, "DELETE FROM object_data WHERE ref=?", ref)
+    path = home / "objects" / "sha256" / hexpart[:2] / hexpart[2:]
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"command":"echo 1"}')
+    assert json.loads(store.content("run_f", ref)["content"]) == {"command": "echo 1"}
+    path.write_bytes(b'{"command":"rm -rf /"}')
+    with pytest.raises(EvidenceReadFailed):
+        store.content("run_f", ref)
+    path.unlink()
+    with pytest.raises(EvidenceReadFailed):
+        store.content("run_f", ref)
 
 
 def test_content_is_run_scoped(store: EvidenceStore, tmp_path: Path) -> None:

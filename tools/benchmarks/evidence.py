@@ -10,8 +10,11 @@ distinct session and Braid stores it anew instead of counting duplicates.
 (b) ``ccusage daily --json --offline`` (npm, pinned in ``tools/harnesses``) with
     ``CLAUDE_CONFIG_DIR`` at the corpus's Claude folder (``projects/<copy>/<session>.jsonl``).
     ccusage reads Claude Code files only, so (b) and the ratio c/b cover the Claude subset;
-(c) Braid's full ingest (``EvidenceStore.ingest``: parse, normalize, redact, hash, store)
-    of every corpus file into one run.
+(c) Braid's full ingest (``EvidenceStore.ingest``: detect the format, parse, normalize,
+    redact, hash, store, coverage) of every corpus file into one run, as
+    ``braid evidence ingest --run`` does it: the Claude subset first, then the Codex subset,
+    each followed by a WAL checkpoint that is timed with it (the database writes an ingest
+    defers are part of its cost).
 
 Then more copies are ingested into the same run until it holds ``--entries`` entries, and
 200-entry pages are timed: every page of the run following ``next_cursor``, then pages from
@@ -161,13 +164,28 @@ def ccusage(claude_root: Path, scratch: Path) -> tuple[float | None, str]:
 
 
 def ingest(store: EvidenceStore, files: list[CorpusFile]) -> dict[str, float]:
-    """(c): seconds of Braid's ingest per harness."""
+    """(c): seconds of Braid's ingest per harness, each harness's files then a checkpoint."""
     spent = {"claude_code": 0.0, "codex": 0.0}
-    for f in files:
+    for harness in spent:
         start = time.perf_counter()
-        store.ingest(f.path, run_id=RUN, harness=f.harness)
-        spent[f.harness] += time.perf_counter() - start
+        for f in files:
+            if f.harness != harness:
+                continue
+            report = store.ingest(f.path, run_id=RUN)  # detects the format, as the CLI does
+            if report.harness != harness:
+                raise SystemExit(f"evidence: {f.path} detected as {report.harness}")
+        checkpoint(store.home)
+        spent[harness] += time.perf_counter() - start
     return spent
+
+
+def checkpoint(home: Path) -> None:
+    """Write the WAL back into the database (what closing the store would do)."""
+    conn = sqlite3.connect(home / "evidence.sqlite3")
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.close()
 
 
 def entry_count(home: Path) -> int:
