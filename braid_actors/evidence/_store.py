@@ -46,6 +46,15 @@ DEFAULT_CONTENT_LIMIT: Final = 65_536
 _T = TypeVar("_T")
 
 
+_CITED = (
+    "SELECT 1 FROM entries WHERE run_id=? AND content_ref=? LIMIT 1",
+    "SELECT 1 FROM runtime_reports WHERE run_id=? AND ref=? LIMIT 1",
+    "SELECT 1 FROM entries WHERE run_id=? AND raw_ref=? LIMIT 1",
+    "SELECT 1 FROM entries WHERE run_id=? AND intent_ref=? LIMIT 1",
+)
+"""Ways a run cites a stored body, cheapest first."""
+
+
 class EvidenceStore:
     """Recorded evidence of runs: ingest transcripts, then read coverage, entries, content."""
 
@@ -213,12 +222,13 @@ class EvidenceStore:
                 raise EvidenceInvalidArgument(
                     "limit must be an integer", details={"field": "limit"}
                 )
-            cited = self._conn.execute(
-                "SELECT 1 FROM entries WHERE run_id=?1 AND (content_ref=?2 OR raw_ref=?2 OR "
-                "intent_ref=?2) UNION ALL SELECT 1 FROM runtime_reports WHERE run_id=?1 AND ref=?2 "
-                "LIMIT 1",
-                (run_id, ref),
-            ).fetchone()
+            # One question per column, the indexed (and by far the most asked) one first:
+            # an OR over the three columns made SQLite scan the whole run for every read.
+            cited = None
+            for query in _CITED:
+                cited = self._conn.execute(query, (run_id, ref)).fetchone()
+                if cited is not None:
+                    break
             meta = self._conn.execute("SELECT * FROM objects WHERE ref=?", (ref,)).fetchone()
             if cited is None or meta is None:
                 raise EvidenceContentNotFound("the run cites no stored content with this ref")
