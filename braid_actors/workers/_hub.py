@@ -29,8 +29,8 @@ from braid_actors.workers._proctable import ProcessTable
 if TYPE_CHECKING:
     from braid_actors.workers._identity import ProcessKey
 
-CHUNK: Final = 64
-"""Trees sampled per worker-thread call."""
+CHUNK: Final = 16
+"""Trees sampled per worker-thread call (a few milliseconds of the interpreter's time)."""
 
 
 @attrs.define(eq=False)

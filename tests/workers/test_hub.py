@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
 from braid_actors.workers import ObservationHub, ProcessTable, TreeSample
+from braid_actors.workers._hub import CHUNK
 from tests.workers._procs import python, read_line
 
 if TYPE_CHECKING:
@@ -147,7 +149,7 @@ async def test_a_failing_sample_fails_its_watcher_only() -> None:
 
 
 async def test_chunks_of_a_tick_are_spread_over_half_the_interval() -> None:
-    """130 watches are sampled in 3 chunks of at most 64, 0.1 s apart at a 0.6 s interval."""
+    """130 watches are sampled in chunks of CHUNK trees, spread over half a 0.6 s interval."""
     hub = ObservationHub(0.6)
     first_seen: list[float] = []
     all_seen = trio.Event()
@@ -166,4 +168,6 @@ async def test_chunks_of_a_tick_are_spread_over_half_the_interval() -> None:
         with trio.fail_after(10):
             await all_seen.wait()
         n.cancel_scope.cancel()
-    assert max(first_seen) - min(first_seen) >= 0.2 - 0.01  # two gaps of 0.1 s
+    chunks = math.ceil(130 / CHUNK)
+    gap = 0.6 / (2 * chunks)
+    assert max(first_seen) - min(first_seen) >= (chunks - 1) * gap - 0.01
