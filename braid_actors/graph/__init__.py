@@ -40,6 +40,7 @@ from braid_actors.graph._state import (
     checksum,
     copy_state,
     dump_state,
+    iter_state_json,
     load_state,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "history",
     "history_messages",
     "is_terminal",
+    "iter_state_json",
     "load_state",
     "make_edge",
     "message",

@@ -26,7 +26,7 @@ from braid_actors.model import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
 PROJECTION_VERSION = 2
 """Bumped whenever the fold's meaning or the dump's shape changes; older snapshots rebuild."""
@@ -100,6 +100,40 @@ def dump_state(state: GraphState) -> dict[str, Any]:
     out["active"] = dict(sorted(state.active.items()))
     out["events"] = state.events
     return out
+
+
+def iter_state_json(state: GraphState, encode: Callable[[Any], bytes]) -> Iterator[bytes]:
+    """The canonical JSON of :func:`dump_state`, one entity at a time.
+
+    ``encode`` is a canonical JSON encoder (sorted keys, no whitespace): the joined pieces
+    are then byte for byte ``encode(dump_state(state))``, since the dump's keys are in
+    sorted order at every level. Each entity is unstructured only when its piece is asked
+    for, so a caller can interleave other work (use it on a :func:`copy_state`).
+    """
+    conv = converter()
+    collections = dict(_COLLECTIONS)
+    yield b"{"
+    for index, name in enumerate(sorted([*collections, "queues", "active", "events"])):
+        yield (b"," if index else b"") + encode(name) + b":"
+        if name in collections:
+            items: Mapping[str, Any] = getattr(state, name)
+            cls = collections[name]
+            yield b"{"
+            for n, key in enumerate(sorted(items)):
+                yield (
+                    (b"," if n else b"")
+                    + encode(key)
+                    + b":"
+                    + encode(conv.unstructure(items[key], cls))
+                )
+            yield b"}"
+        elif name == "queues":
+            yield encode({key: list(value) for key, value in state.queues.items()})
+        elif name == "active":
+            yield encode(dict(state.active))
+        else:
+            yield encode(state.events)
+    yield b"}"
 
 
 def load_state(data: Mapping[str, Any]) -> GraphState:

@@ -48,8 +48,9 @@ database ahead of its head is not a fault).
 
 Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interval`` seconds,
 in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
-admission on the trio thread right after a commit, encrypted in a thread while commits go on,
-and written by the actor between two batches.
+admission on the trio thread right after a commit (the graph's is a copy whose canonical JSON
+is gathered a few pieces at a time between commits), encrypted in a thread while commits go
+on, and written by the actor between two batches.
 
 Shutdown: :meth:`JournalHandle.aclose` stops accepting (later appends get
 :class:`JournalClosed`; senders blocked on a full channel get it too), commits and
@@ -58,11 +59,13 @@ acknowledges everything already queued, then the actor returns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 import trio
+import trio.lowlevel
 
 from braid_actors._faults import crash_point
 from braid_actors.errors import (
@@ -78,9 +81,7 @@ from ._records import AppendResult, CommittedRecord, NewRecord, Operation
 from ._store import Journal
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-
-    from braid_actors.journal._store import SealedSnapshot
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
 
 class Admission(Protocol):
@@ -99,16 +100,15 @@ class Admission(Protocol):
 class SnapshottingAdmission(Admission, Protocol):
     """An admission whose read model can be snapshotted."""
 
-    def snapshot(
-        self,
-    ) -> tuple[int, Mapping[str, Any] | Callable[[], Mapping[str, Any]]] | None:
+    def snapshot(self) -> tuple[int, Mapping[str, Any] | Iterable[bytes]] | None:
         """``(projection version, dumped read model)`` as of the last committed record.
 
         The mapping is encrypted in another thread while later commits go on, so it must be a
         value that later ``committed`` calls do not mutate (a fresh dump, or immutable). In
-        place of the mapping, a callable that returns it may be given: it is called in that
-        thread (so it must only read values later ``committed`` calls do not mutate), which
-        keeps a large dump off the event loop.
+        place of the mapping, the pieces of its canonical JSON may be given: the actor
+        gathers them on the event loop a few at a time, between commits (so they must only
+        read values later ``committed`` calls do not mutate), then encrypts them in a
+        thread. A large dump then never holds the interpreter for long.
         """
         ...
 
@@ -325,17 +325,19 @@ class _Actor:
         self.last_snapshot_seq = self.last_seq
         nursery.start_soon(self._write_snapshot, self.last_seq, version, state)
 
-    def _seal(
-        self, seq: int, version: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
-    ) -> SealedSnapshot:
-        """Runs in a worker thread: dump (when given a callable) and encrypt a snapshot."""
-        return self.journal.seal_snapshot(seq, version, state() if callable(state) else state)
-
     async def _write_snapshot(
-        self, seq: int, version: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+        self, seq: int, version: int, state: Mapping[str, Any] | Iterable[bytes]
     ) -> None:
         try:
-            sealed = await trio.to_thread.run_sync(self._seal, seq, version, state)
+            if isinstance(state, Mapping):
+                sealed = await trio.to_thread.run_sync(
+                    self.journal.seal_snapshot, seq, version, state
+                )
+            else:
+                state_json = await _gather(state)
+                sealed = await trio.to_thread.run_sync(
+                    self.journal.seal_snapshot_json, seq, version, state_json
+                )
             async with self.writer:
                 await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
         finally:
@@ -494,6 +496,20 @@ class JournalHandle:
         self._actor.closing = True
         await self._send.aclose()
         await self._actor.stopped.wait()
+
+
+SNAPSHOT_PIECES_PER_PASS = 64
+"""Pieces of a snapshot's JSON gathered between two passes through the event loop."""
+
+
+async def _gather(pieces: Iterable[bytes]) -> bytes:
+    """Join ``pieces``, letting the event loop run every few of them."""
+    out: list[bytes] = []
+    for n, piece in enumerate(pieces, 1):
+        out.append(piece)
+        if n % SNAPSHOT_PIECES_PER_PASS == 0:
+            await trio.lowlevel.checkpoint()
+    return b"".join(out)
 
 
 async def run_journal(

@@ -14,17 +14,17 @@ never leaves half a request in the write model.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 from braid_actors import graph
 from braid_actors.errors import BadRequest, JournalCorrupt
 from braid_actors.graph import GraphState
+from braid_actors.journal._encoding import canonical_bytes
 from braid_actors.journal._records import CommittedRecord, NewRecord
 from braid_actors.model import EVENT_TYPES, Event, converter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
     from braid_actors.journal._store import Journal
 
@@ -136,10 +136,10 @@ class GraphAdmission:
         for listener in list(self.listeners):
             listener(records)
 
-    def snapshot(self) -> tuple[int, Callable[[], Mapping[str, Any]]] | None:
-        # Only the copy happens on the event loop; the dump runs in the snapshot's thread.
-        return graph.PROJECTION_VERSION, functools.partial(
-            graph.dump_state, graph.copy_state(self.read)
+    def snapshot(self) -> tuple[int, Iterator[bytes]] | None:
+        # A copy later folds do not change, encoded piece by piece between commits.
+        return graph.PROJECTION_VERSION, graph.iter_state_json(
+            graph.copy_state(self.read), canonical_bytes
         )
 
 

@@ -382,9 +382,12 @@ class Journal:
 
     def seal_snapshot(self, seq: int, version: int, state: Mapping[str, Any]) -> SealedSnapshot:
         """Encode and encrypt a snapshot without touching the database (any thread)."""
+        return self.seal_snapshot_json(seq, version, encode_payload(state, "the snapshot state"))
+
+    def seal_snapshot_json(self, seq: int, version: int, state_json: bytes) -> SealedSnapshot:
+        """Encrypt a snapshot whose state is given as its canonical JSON (any thread)."""
         if type(seq) is not int or seq < 0 or type(version) is not int:
             raise ValueError("a snapshot needs an integer seq >= 0 and an integer version")
-        state_json = encode_payload(state, "the snapshot state")
         checksum = digest_bytes(state_json)
         # canonical JSON of {"checksum", "seq", "state", "version"}, spliced so the state is
         # encoded once: the keys are in sorted order and state_json is already canonical

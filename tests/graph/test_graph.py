@@ -497,3 +497,22 @@ def test_a_copied_state_keeps_its_dump_while_the_original_moves_on() -> None:
     assert graph.dump_state(copy) == before
     assert graph.checksum(copy) != graph.checksum(g.s)
     assert copy.queues[b0] == [queued, waiting]
+
+
+def test_the_state_json_pieces_join_to_the_canonical_dump() -> None:
+    """iter_state_json (how snapshots are encoded between commits) gives, joined, exactly
+    the canonical JSON of dump_state."""
+    from braid_actors.model import canonical_json
+
+    g = G()
+    for title in ("one", "two"):
+        b = g.conversation(title=title)
+        g.turn(b, "first")
+        g.turn(b, "second", finish=False)
+        g.turn(b, "third", finish=False)
+    pieces = list(graph.iter_state_json(g.s, canonical_json))
+    assert len(pieces) > 20  # one per entity, not one blob
+    assert b"".join(pieces) == canonical_json(graph.dump_state(g.s))
+    assert b"".join(graph.iter_state_json(GraphState(), canonical_json)) == canonical_json(
+        graph.dump_state(GraphState())
+    )
