@@ -72,12 +72,7 @@ class ClaudeTurn:
     cancel_requests: int = 0
 
     async def run(self) -> TurnResult:
-        info = self.worker.info
-        await self.sink.worker_started(
-            WorkerInfo(
-                pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
-            )
-        )
+        await self.sink.worker_started(WorkerInfo.of(self.worker.info))
         result = await run_watched(self._guarded, self.control, self._watch_cancel)
         if result is None:
             with trio.CancelScope(shield=True):

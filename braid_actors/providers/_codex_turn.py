@@ -70,12 +70,7 @@ class CodexTurn:
     turn_started: trio.Event = attrs.Factory(trio.Event)
 
     async def run(self) -> TurnResult:
-        info = self.worker.info
-        await self.sink.worker_started(
-            WorkerInfo(
-                pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
-            )
-        )
+        await self.sink.worker_started(WorkerInfo.of(self.worker.info))
         result = await run_watched(self._guarded, self.control, self._watch_cancel)
         if result is None:
             with trio.CancelScope(shield=True):

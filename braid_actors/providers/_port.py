@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import trio
 
 from braid_actors.model import ContextTransferReceipt as ContextTransferReceipt
 from braid_actors.model import Part, Role, Usage
+
+if TYPE_CHECKING:
+    from braid_actors.workers import ProcessInfo
 
 
 @attrs.frozen
@@ -131,6 +134,11 @@ class WorkerInfo:
     create_time: float
     pgid: int
     command: tuple[str, ...]
+
+    @classmethod
+    def of(cls, process: ProcessInfo) -> WorkerInfo:
+        """The port's view of a process the workers layer started or found."""
+        return cls(process.pid, process.create_time, process.pgid, process.command)
 
 
 @attrs.frozen

@@ -314,12 +314,7 @@ class _Turn:
     async def _run(self, resume: bool = False) -> TurnResult:
         if resume:
             return await self._loop()
-        info = self.worker.info
-        await self.sink.worker_started(
-            WorkerInfo(
-                pid=info.pid, create_time=info.create_time, pgid=info.pgid, command=info.command
-            )
-        )
+        await self.sink.worker_started(WorkerInfo.of(self.worker.info))
         try:
             hello = await self._receive(self.timeouts.startup)
             if hello is None:

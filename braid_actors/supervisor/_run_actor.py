@@ -280,8 +280,7 @@ class RunActor:
         # Started but never recorded: recognise it by its command line, or accept it is gone.
         found = find_local_workers_for(provider, self.run_id)
         if found:
-            info = found[0]
-            return WorkerInfo(info.pid, info.create_time, info.pgid, info.command)
+            return WorkerInfo.of(found[0])
         return WorkerInfo(0, 0.0, 0, ())
 
     async def _await_pending(self, interaction_id: str, root: WorkerInfo) -> InteractionAnswer:

@@ -28,10 +28,8 @@ from braid_actors.model import (
 from braid_actors.providers import (
     ClaudeCodeProvider,
     ClaudeTimeouts,
-    ContextMessage,
     InteractionAnswer,
     InteractionRequest,
-    PortableContext,
     Provider,
     RunControl,
     SessionInfo,
@@ -42,6 +40,7 @@ from braid_actors.providers import (
 )
 from braid_actors.providers._claude_stream import CostBase, turn_cost
 from braid_actors.workers import ProcessInfo, process_gone
+from tests.providers._context import portable_context, read_jsonl
 from tools.model_stub import ModelStub, open_model_stub, parse_script
 from tools.model_stub.harness import claude_bin
 
@@ -340,52 +339,12 @@ async def test_prove_session_without_a_transcript_is_unverified(tmp_path: Path) 
     assert not stub.requests
 
 
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as stream:
-        return [json.loads(line) for line in stream if line.strip()]
-
-
-def portable_context() -> PortableContext:
-    """user / assistant (reasoning, text, a tool call and its result) / user."""
-    return PortableContext(
-        source_conversation_id="conv",
-        source_branch_id="branch",
-        through_message_id="m3",
-        messages=(
-            ContextMessage("m1", "user", (TextPart("p1", "What is in the folder?"),)),
-            ContextMessage(
-                "m2",
-                "assistant",
-                (
-                    ReasoningPart("p2", "private source reasoning"),
-                    TextPart("p3", "Let me look."),
-                    ToolRequestPart("p4", "shell", {"cmd": "ls"}, call_id="call_source_1"),
-                    ToolResultPart("p5", "p4", "ok", "notes.txt", exit_code=0),
-                    TextPart("p6", "It holds notes.txt."),
-                ),
-            ),
-            ContextMessage(
-                "m3",
-                "user",
-                (
-                    TextPart("p7", "And the size?"),
-                    ToolRequestPart("p8", "shell", {"cmd": "wc -c notes.txt"}, call_id="call_2"),
-                    ToolResultPart("p9", "p8", "error", "x" * 5000, truncated=True),
-                ),
-            ),
-            ContextMessage("m4", "system", (TextPart("p10", "profile instructions"),)),
-        ),
-        complete=True,
-        digest="sha256:" + "0" * 64,
-    )
-
-
 async def test_portable_context_seeds_a_new_native_session(tmp_path: Path) -> None:
     steps = {"anthropic": [{"text": "copied answer"}, {"text": "next answer"}]}
     async with open_model_stub(parse_script(steps)) as stub:
         adapter = provider(tmp_path, stub)
         assert adapter.capabilities.portable_context
-        turn = attrs.evolve(request(tmp_path, "Now summarize."), context=portable_context())
+        turn = attrs.evolve(request(tmp_path, "Now summarize."), context=portable_context("m3"))
         sink = RecordingSink()
         result = await run(adapter, turn, sink)
         assert result.outcome == "completed", result.reason
@@ -393,7 +352,7 @@ async def test_portable_context_seeds_a_new_native_session(tmp_path: Path) -> No
         assert not session.resumed  # a new session with copied context
         receipt = session.receipt
         assert receipt is not None
-        assert receipt.source_digest == portable_context().digest
+        assert receipt.source_digest == portable_context("m3").digest
         assert receipt.included_message_ids == ("m1", "m2", "m3")
         assert [(o.message_id, o.part_id, o.kind) for o in receipt.omitted_parts] == [
             ("m2", "p2", "reasoning"),

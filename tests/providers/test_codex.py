@@ -28,10 +28,8 @@ from braid_actors.model import (
 from braid_actors.providers import (
     CodexProvider,
     CodexTimeouts,
-    ContextMessage,
     InteractionAnswer,
     InteractionRequest,
-    PortableContext,
     Provider,
     RunControl,
     SessionInfo,
@@ -41,6 +39,7 @@ from braid_actors.providers import (
     WorkerInfo,
 )
 from braid_actors.workers import ProcessInfo, process_gone
+from tests.providers._context import portable_context, read_jsonl
 from tools.model_stub import ModelStub, open_model_stub, parse_script
 from tools.model_stub.harness import codex_bin
 
@@ -386,46 +385,6 @@ async def test_early_cancel_is_acknowledged_only_with_proof(tmp_path: Path) -> N
             else:
                 assert "turn_aborted" in kinds, (delay, kinds)
             assert not [p for p in sink.parts if isinstance(p, TextPart) and p.text == "too late"]
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as stream:
-        return [json.loads(line) for line in stream if line.strip()]
-
-
-def portable_context() -> PortableContext:
-    """user / assistant (reasoning, text, a tool call and its result) / user / system."""
-    return PortableContext(
-        source_conversation_id="conv",
-        source_branch_id="branch",
-        through_message_id="m4",
-        messages=(
-            ContextMessage("m1", "user", (TextPart("p1", "What is in the folder?"),)),
-            ContextMessage(
-                "m2",
-                "assistant",
-                (
-                    ReasoningPart("p2", "private source reasoning"),
-                    TextPart("p3", "Let me look."),
-                    ToolRequestPart("p4", "shell", {"cmd": "ls"}, call_id="call_source_1"),
-                    ToolResultPart("p5", "p4", "ok", "notes.txt", exit_code=0),
-                    TextPart("p6", "It holds notes.txt."),
-                ),
-            ),
-            ContextMessage(
-                "m3",
-                "user",
-                (
-                    TextPart("p7", "And the size?"),
-                    ToolRequestPart("p8", "shell", {"cmd": "wc -c notes.txt"}, call_id="call_2"),
-                    ToolResultPart("p9", "p8", "error", "x" * 5000, truncated=True),
-                ),
-            ),
-            ContextMessage("m4", "system", (TextPart("p10", "profile instructions"),)),
-        ),
-        complete=True,
-        digest="sha256:" + "0" * 64,
-    )
 
 
 def conversation(body: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:

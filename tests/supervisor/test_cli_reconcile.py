@@ -75,18 +75,25 @@ class Crashed:
     workers: list[dict[str, Any]]
 
 
-async def _crash_mid_turn(
-    home: Path, workspace: Path, stub: ModelStub, runner: str, crash_at: str | None = None
-) -> Crashed:
-    """Start the turn in a real `braid headless`; kill it once the model was asked (or let
-    it kill itself at ``crash_at``)."""
+async def _start_headless(
+    home: Path, stub: ModelStub, crash_at: str | None
+) -> tuple[trio.Process, Headless]:
+    """A real `braid headless` on ``home`` (killing itself at ``crash_at``, if given)."""
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "braid_actors.cli.main", "headless"],
         stdin=-1,
         stdout=-1,
         env=_env(home, stub, crash_at),
     )
-    first = Headless(proc)
+    return proc, Headless(proc)
+
+
+async def _crash_mid_turn(
+    home: Path, workspace: Path, stub: ModelStub, runner: str, crash_at: str | None = None
+) -> Crashed:
+    """Start the turn in a real `braid headless`; kill it once the model was asked (or let
+    it kill itself at ``crash_at``)."""
+    proc, first = await _start_headless(home, stub, crash_at)
     conv = await first.ask("create_conversation", {"workspace": str(workspace), "runner": runner})
     sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": PROMPT})
     workers: list[dict[str, Any]] = []
@@ -290,13 +297,7 @@ async def test_cancel_journaled_before_the_crash_is_settled_truthfully(
     workspace.mkdir()
     slow = [{"text": "too late", "delay": 30}]
     async with open_model_stub(parse_script({"anthropic": slow, "openai": slow})) as stub:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "braid_actors.cli.main", "headless"],
-            stdin=-1,
-            stdout=-1,
-            env=_env(home, stub, "op.cancel_run"),
-        )
-        first = Headless(proc)
+        proc, first = await _start_headless(home, stub, "op.cancel_run")
         conv = await first.ask(
             "create_conversation", {"workspace": str(workspace), "runner": runner}
         )
@@ -389,13 +390,7 @@ async def test_continued_session_turn_is_read_after_its_boundary(
     workspace.mkdir()
     steps = [{"text": "first answer"}, {"text": "second answer"}]
     async with open_model_stub(parse_script({"anthropic": steps, "openai": steps})) as stub:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "braid_actors.cli.main", "headless"],
-            stdin=-1,
-            stdout=-1,
-            env=_env(home, stub, "run.usage@2"),
-        )
-        first = Headless(proc)
+        proc, first = await _start_headless(home, stub, "run.usage@2")
         conv = await first.ask(
             "create_conversation", {"workspace": str(workspace), "runner": runner}
         )
