@@ -39,6 +39,8 @@ class Channel:
     reader: LineReader
     out: trio.abc.SendStream
     spool_fd: int | None = None
+    input_fd: int | None = None
+    """The descriptor under ``reader``, for a wait that watches it outside trio."""
     control: Path | None = None
     detach_on_eof: bool = False
     detached: bool = False
@@ -46,46 +48,70 @@ class Channel:
     _lock: trio.Lock = attrs.Factory(trio.Lock)
 
     async def send(self, msg_type: str, /, **fields: Any) -> None:
-        data = encode_message({"type": msg_type, **fields})
-        # Shielded: a cancelled turn must not leave half a line in the pipe.
-        with trio.CancelScope(shield=True):
-            # Uncontended (the usual case) the lock is taken without a schedule point:
-            # a streaming worker's cost is mostly its passes through the event loop.
-            try:
-                self._lock.acquire_nowait()
-            except trio.WouldBlock:
-                await self._lock.acquire()
-            try:
-                if self.spool_fd is not None:
-                    os.write(self.spool_fd, data)
-                if self.detached:
-                    return
-                try:
-                    await self._send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    if not self._can_detach():
-                        raise
-                    self._detach("Braid's end of the output pipe closed")
-            finally:
-                self._lock.release()
+        await self.send_line(encode_message({"type": msg_type, **fields}))
 
-    async def _send_all(self, data: bytes) -> None:
-        """Write ``data`` to Braid: at once when the pipe has room, else through trio."""
-        sent = 0
+    async def send_line(self, data: bytes) -> None:
+        """Send one encoded line (``encode_message``) to the spool and to Braid.
+
+        A cancelled turn must not leave half a line in the pipe, so whatever has to wait is
+        shielded. The usual case waits for nothing (the lock is free, the pipe has room):
+        it then takes no schedule point and opens no cancel scope, since a streaming
+        worker's cost is mostly what it touches per line.
+        """
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await self._lock.acquire()
+                try:
+                    await self._finish(data, self._write_now(data))
+                finally:
+                    self._lock.release()
+            return
+        try:
+            sent = self._write_now(data)
+            if sent < len(data):
+                with trio.CancelScope(shield=True):
+                    await self._finish(data, sent)
+        finally:
+            self._lock.release()
+
+    def _write_now(self, data: bytes) -> int:
+        """Append to the spool and write what the pipe takes at once; return bytes sent
+        (all of them when detached: the spool is then the only destination)."""
+        if self.spool_fd is not None:
+            os.write(self.spool_fd, data)
+        if self.detached:
+            return len(data)
         fileno = getattr(self.out, "fileno", None)
-        if fileno is not None:
-            try:
-                sent = os.write(fileno(), data)
-            except BlockingIOError:
-                sent = 0
-            except BrokenPipeError:
-                raise trio.BrokenResourceError("Braid's end of the output pipe closed") from None
-            except OSError as exc:
-                if exc.errno != errno.EBADF:
-                    raise
-                raise trio.ClosedResourceError("the output pipe is closed") from None
-        if sent < len(data):
+        if fileno is None:
+            return 0
+        try:
+            return os.write(fileno(), data)
+        except BlockingIOError:
+            return 0
+        except BrokenPipeError:
+            self._lost_pipe()
+            return len(data)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            raise trio.ClosedResourceError("the output pipe is closed") from None
+
+    async def _finish(self, data: bytes, sent: int) -> None:
+        """Send the rest of a line through trio (the pipe was full)."""
+        if sent >= len(data) or self.detached:
+            return
+        try:
             await self.out.send_all(data[sent:])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._lost_pipe()
+
+    def _lost_pipe(self) -> None:
+        """Braid's end of the output pipe closed: detach, or fail the send."""
+        if not self._can_detach():
+            raise trio.BrokenResourceError("Braid's end of the output pipe closed")
+        self._detach("Braid's end of the output pipe closed")
 
     def _can_detach(self) -> bool:
         return self.detach_on_eof and self.spool_fd is not None and self.control is not None
