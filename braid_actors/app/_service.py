@@ -58,6 +58,13 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = 1
 APP_VERSION = "0.1.0"
 SNAPSHOT_EVERY = 5_000
+COMMIT_INTERVAL = 0.004
+"""Least time between two journal commits (the journal's floor; see journal/_actor.py).
+
+A commit costs ~200 us of CPU however few records it holds (the WAL's fsync, the
+transaction) and ~10 us per record, so under load a longer floor is most of what a record
+costs: at 5,000 events/s a 1 ms floor means ~1,000 commits/s (20% of a core), 4 ms ~250.
+An isolated request is still written at once; under load a record waits at most 4 ms more."""
 DEFAULT_DRAIN_GRACE = 30.0
 SERVICE_RESTARTS = 3
 SERVICE_PERIOD = 60.0
@@ -105,7 +112,11 @@ async def journal_service(
         async with trio.open_nursery() as nursery:
             handle: JournalHandle = await nursery.start(
                 functools.partial(
-                    run_journal, journal, admission=admission, snapshot_every=SNAPSHOT_EVERY
+                    run_journal,
+                    journal,
+                    admission=admission,
+                    snapshot_every=SNAPSHOT_EVERY,
+                    commit_interval=COMMIT_INTERVAL,
                 )
             )
             service = JournalService(journal, handle, admission)

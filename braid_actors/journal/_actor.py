@@ -79,6 +79,7 @@ from braid_actors.errors import (
 from ._encoding import PreparedAppend, prepare_append
 from ._records import AppendResult, CommittedRecord, NewRecord, Operation
 from ._store import Journal
+from ._thread import WriterThread
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Sequence
@@ -192,6 +193,8 @@ class _Actor:
     inflight: list[_Request] = attrs.Factory(list)
     head_dirty: trio.Event = attrs.Factory(trio.Event)
     last_commit_at: float = float("-inf")
+    thread: WriterThread = attrs.Factory(lambda: WriterThread("braid-journal-writer"))
+    """Commits and snapshot writes (sealing snapshots and head writes use trio's threads)."""
 
     async def serve(
         self, receive: trio.MemoryReceiveChannel[_Request], nursery: trio.Nursery
@@ -274,7 +277,7 @@ class _Actor:
         if plan.writes or plan.lookups:
             async with self.writer:
                 try:
-                    committed, recorded = await trio.to_thread.run_sync(
+                    committed, recorded = await self.thread.run(
                         self._write, plan.writes, plan.lookups
                     )
                 except BaseException:
@@ -339,7 +342,7 @@ class _Actor:
                     self.journal.seal_snapshot_json, seq, version, state_json
                 )
             async with self.writer:
-                await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
+                await self.thread.run(self.journal.write_snapshot, sealed)
         finally:
             self.snapshotting = False
 
@@ -563,12 +566,13 @@ async def run_journal(
     send, receive = trio.open_memory_channel[_Request](capacity)
     handle = JournalHandle(send, actor)
     try:
-        async with trio.open_nursery() as nursery:
-            background = trio.CancelScope()
-            nursery.start_soon(actor.background, background)
-            task_status.started(handle)
-            await actor.serve(receive, nursery)
-            background.cancel(reason="the journal actor is stopping")
+        with actor.thread.running():
+            async with trio.open_nursery() as nursery:
+                background = trio.CancelScope()
+                nursery.start_soon(actor.background, background)
+                task_status.started(handle)
+                await actor.serve(receive, nursery)
+                background.cancel(reason="the journal actor is stopping")
         await trio.to_thread.run_sync(journal.write_head)
         await trio.to_thread.run_sync(journal.checkpoint)
     finally:
