@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from braid_actors.app import DEFAULT_DRAIN_GRACE, default_home, error_body, open_app
+from braid_actors.app import (
+    DEFAULT_DRAIN_GRACE,
+    default_home,
+    error_body,
+    open_app,
+    settle_heap,
+)
 from braid_actors.errors import BadRequest, BraidError
 
 if TYPE_CHECKING:
@@ -90,6 +96,7 @@ async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> 
         return
     async with trio.open_nursery() as nursery:
         app = await nursery.start(functools.partial(open_app, home, admission_limit=max_active))
+        settle_heap()
         await run_headless(app)
 
 

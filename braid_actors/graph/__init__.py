@@ -40,6 +40,7 @@ from braid_actors.graph._state import (
     checksum,
     copy_state,
     dump_state,
+    entity_count,
     iter_state_json,
     load_state,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "dispatch",
     "dump_state",
     "effective_runner",
+    "entity_count",
     "get_branch",
     "get_conversation",
     "history",

@@ -25,6 +25,7 @@ from braid_actors.graph._checks import (
     reposition,
 )
 from braid_actors.graph._queries import get_branch
+from braid_actors.graph._replace import replace
 from braid_actors.graph._runs import FINISH_MOVES, is_terminal, next_state
 from braid_actors.model import (
     Completeness,
@@ -163,21 +164,30 @@ def _run_part_updated(state: GraphState, ev: RunPartUpdated, seq: int | None) ->
             details={"messageId": ev.message_id},
         )
     msg = state.messages[ev.message_id]
-    parts = list(msg.parts)
-    for index, part in enumerate(parts):
-        if part.part_id == ev.part.part_id:
-            parts[index] = ev.part
-            break
+    part_id = ev.part.part_id
+    parts = msg.parts
+    # The hot path of every stream: a new version of the message's last part.
+    if parts and parts[-1].part_id == part_id:
+        new_parts = (*parts[:-1], ev.part)
     else:
-        parts.append(ev.part)
+        listed = list(parts)
+        for index, part in enumerate(listed):
+            if part.part_id == part_id:
+                listed[index] = ev.part
+                break
+        else:
+            listed.append(ev.part)
+        new_parts = tuple(listed)
     count = run.events.count + 1
-    state.messages[msg.message_id] = attrs.evolve(
+    # ``replace`` (not ``attrs.evolve``): this runs twice per provider event (write model
+    # and read model), and evolve's generic field walk was a fifth of the journal's cost.
+    state.messages[msg.message_id] = replace(
         msg,
-        parts=tuple(parts),
+        parts=new_parts,
         updated_at=ev.at,
         completeness=Completeness(state="streaming", last_event_seq=count),
     )
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         events=RunEvents(count=count, last_seq=seq),
         provider_cursor=_with_cursor(run, ev.cursor),

@@ -89,6 +89,11 @@ def copy_state(state: GraphState) -> GraphState:
     return copied
 
 
+def entity_count(state: GraphState) -> int:
+    """How many entities the state holds (what a dump encodes one by one)."""
+    return sum(len(getattr(state, name)) for name, _cls in _COLLECTIONS)
+
+
 def dump_state(state: GraphState) -> dict[str, Any]:
     """JSON-compatible, deterministic form of the whole projection."""
     conv = converter()

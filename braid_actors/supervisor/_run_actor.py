@@ -534,6 +534,11 @@ class RunActor:
             if worker.status in ("exited", "killed", "lost"):
                 continue
             status = how
+            last = worker.control_history[-1] if worker.control_history else None
+            if last is not None and last.action == "kill" and last.result == "requested":
+                # A kill is in flight (its result not journaled yet): this end is its
+                # effect, whichever of the two records commits first.
+                status = "killed"
             await self.sup.record_quietly(
                 WorkerExited(
                     run.conversation_id,

@@ -14,6 +14,7 @@ import trio
 from braid_actors import graph
 from braid_actors.errors import BraidError
 from braid_actors.journal import (
+    CommittedRecord,
     GraphAdmission,
     GraphProjector,
     Journal,
@@ -26,6 +27,7 @@ from braid_actors.model import (
     CountingIds,
     Event,
     Outcome,
+    RunDispatched,
     RunFinished,
     RunPartUpdated,
     TextPart,
@@ -193,3 +195,38 @@ async def test_journal_verify_command_exits_non_zero_on_a_fault(home: Path, key:
     )
     assert bad.returncode == 1
     assert b"OK" not in bad.stdout.splitlines()[0]
+
+
+def test_a_snapshot_waits_for_a_tail_of_k_events_per_entity() -> None:
+    """With ``snapshot_per_entity``, ``snapshot()`` declines until the tail since the last
+    snapshot holds that many events per entity, then takes one and starts counting again."""
+    events = _events(6)
+    # Then a long stream of one run's part updates: the tail grows, the entities do not.
+    running = events[:-3]  # up to the last turn's dispatch
+    dispatched = events[-4]
+    assert isinstance(dispatched, RunDispatched)
+    run_id, msg = dispatched.run_id, dispatched.assistant_message.message_id
+    stream = [
+        RunPartUpdated(
+            dispatched.conversation_id, run_id, msg, TextPart("p", "x" * n), dispatched.at
+        )
+        for n in range(1, 200)
+    ]
+    admission = GraphAdmission()
+    admission.snapshot_per_entity = 2
+    last, taken, declined = 0, 0, 0
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    for seq, ev in enumerate([*running, *stream], start=1):
+        record = event_to_record(ev)
+        admission.admit([record])
+        committed = CommittedRecord(seq, record.stream, record.type, record.data, at, "0" * 64)
+        admission.committed([committed])
+        due = seq - last >= 2 * graph.entity_count(admission.read)
+        assert (admission.snapshot() is not None) == due, f"at seq {seq}"
+        if due:
+            last, taken = seq, taken + 1
+        else:
+            declined += 1
+    assert taken >= 2
+    assert declined > taken
+    assert GraphAdmission().snapshot() is not None  # 0: never declines

@@ -33,7 +33,7 @@ import psutil
 import trio
 
 from braid_actors import graph
-from braid_actors.app import BraidApp, call, open_app
+from braid_actors.app import BraidApp, call, open_app, settle_heap
 from braid_actors.journal import Journal, event_to_record, load_or_create_key
 from braid_actors.model import (
     CountingIds,
@@ -79,13 +79,16 @@ class _GcClock:
 
     def __init__(self) -> None:
         self.total = 0.0
+        self.longest = 0.0
         self._began = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._began = time.perf_counter()
         else:
-            self.total += time.perf_counter() - self._began
+            took = time.perf_counter() - self._began
+            self.total += took
+            self.longest = max(self.longest, took)
 
 
 def _main_thread_cpu(me: psutil.Process) -> float:
@@ -136,6 +139,7 @@ async def concurrent(
                 await call(app, "create_conversation", {"workspace": str(workspace)})
                 for _ in range(branches)
             ]
+            settle_heap()  # as braid serve and braid headless do once the app is up
             rss_before = me.memory_info().rss
             # Every worker waits for one start line (``?at``), idle, then streams: the
             # window below sees all of them streaming at once, whatever their start-up took.
@@ -163,6 +167,7 @@ async def concurrent(
             await trio.sleep(max(0.0, start_line - time.time()) + 1.0)
             latencies.clear()
             workers = _worker_processes(app, run_ids)
+            gc_clock.longest = 0.0
             cpu0, w0, gc0 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             loop0 = _main_thread_cpu(me)
             load0 = _cpu_of(workers)
@@ -190,6 +195,7 @@ async def concurrent(
         gc.callbacks.remove(gc_clock)
     return {
         "gc_share": (gc1 - gc0) / (w1 - w0),
+        "gc_longest_ms": gc_clock.longest * 1000,
         "loop_share": (loop1 - loop0) / (w1 - w0),
         "runs": n_runs,
         "start_all_s": started_all,
@@ -400,7 +406,7 @@ def main(argv: list[str]) -> int:
             f"    supervisor CPU {a['cpu_share'] * 100:.0f}% of one core "
             f"(target <= 50%) {cpu_verdict}; of it the event loop's thread "
             f"{a['loop_share'] * 100:.0f}%, the garbage collector "
-            f"{a['gc_share'] * 100:.1f}%; "
+            f"{a['gc_share'] * 100:.1f}% (longest pass {a['gc_longest_ms']:.0f} ms); "
             f"the worker processes used {a['workers_cores']:.2f} of the "
             f"{os.cpu_count()} cores meanwhile"
         )
