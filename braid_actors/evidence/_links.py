@@ -55,8 +55,12 @@ def relation_of(kind: str | None) -> str | None:
     return RELATIONS.get(kind or "")
 
 
+_EVIDENCE: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+"""``json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))``, built once."""
+
+
 def _evidence(**fields: Any) -> str:
-    return json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _EVIDENCE.encode(fields)
 
 
 def _insert(
@@ -122,17 +126,62 @@ def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None
 
 
 def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
-    """Rebuild the run's cross-file links (subagents, compaction agents, delegations)."""
-    conn.execute(
-        f"DELETE FROM links WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
+    """Rebuild the run's cross-file links (subagents, compaction agents, delegations).
+
+    The result is what deleting them all and inserting :func:`run_link_rows` in order with
+    ``INSERT OR IGNORE`` gives (the first row of a key wins), but only the rows that differ
+    are written: most passes change a few links of a run that holds thousands, and
+    rewriting them all cost as much in commits as in computing them.
+    """
+    wanted: dict[tuple[str, str, str], tuple[str | None, str]] = {}
+    for _run, entry, node, kind, relation, evidence in run_link_rows(conn, run_id):
+        wanted.setdefault((entry, node, kind), (relation, evidence))
+    stale: list[tuple[str, str, str, str]] = []
+    for row in conn.execute(
+        "SELECT entry_id, node_id, kind, relation, evidence FROM links "
+        f"WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
         (run_id, *RUN_KINDS),
+    ):
+        key = (row[0], row[1], row[2])
+        if wanted.get(key) == (row[3], row[4]):
+            del wanted[key]  # already stored as it should be
+        else:
+            stale.append((run_id, *key))
+    conn.executemany(
+        "DELETE FROM links WHERE run_id=? AND entry_id=? AND node_id=? AND kind=?", stale
     )
+    _insert(
+        conn,
+        [
+            (run_id, e, n, k, relation, evidence)
+            for (e, n, k), (relation, evidence) in wanted.items()
+        ],
+    )
+
+
+def run_link_rows(
+    conn: sqlite3.Connection, run_id: str
+) -> list[tuple[str, str, str, str, str | None, str]]:
+    """The run's cross-file link rows, in the order a full rebuild inserts them.
+
+    The evidence of a row names the action and the member's source, not the member entry, so
+    it is encoded once per source; an agent's entries are read once per rebuild however many
+    actions name it.
+    """
     sidechains: dict[str, list[str]] = {}
     for row in conn.execute(
         "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
         (run_id,),
     ):
         sidechains.setdefault(row["agent_id"], []).append(row["id"])
+    members_of: dict[str, list[sqlite3.Row]] = {}
+
+    def members(agent: str) -> list[sqlite3.Row]:
+        found = members_of.get(agent)
+        if found is None:
+            found = members_of[agent] = _source_entries(conn, sidechains[agent])
+        return found
+
     out: list[tuple[str, str, str, str, str | None, str]] = []
     named: set[str] = set()
     for action in conn.execute(
@@ -140,23 +189,26 @@ def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
     ).fetchall():
         agent, call = action["agent_id"], action["entry_id"]
         named.add(agent)
-        ids = sidechains.get(agent, [])
-        if not ids:
+        if not sidechains.get(agent):
             continue
-        call_kind = _kind_of(conn, run_id, call)
-        members = _source_entries(conn, ids)
-        for member in members:
-            evidence = _evidence(
-                basis="agentId",
-                value=agent,
-                tool_call_id=action["tool_call_id"],
-                action_entry_id=call,
-                action_object_hash=action["object_hash"],
-                parent_source_id=action["source_id"],
-                agent_source_id=member["source_id"],
-            )
-            out.append((run_id, member["id"], call, "task_agent", relation_of(call_kind), evidence))
-            if member is members[0]:
+        call_relation = relation_of(_kind_of(conn, run_id, call))
+        evidence_of: dict[str, str] = {}
+        found = members(agent)
+        for member in found:
+            source = member["source_id"]
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="agentId",
+                    value=agent,
+                    tool_call_id=action["tool_call_id"],
+                    action_entry_id=call,
+                    action_object_hash=action["object_hash"],
+                    parent_source_id=action["source_id"],
+                    agent_source_id=source,
+                )
+            out.append((run_id, member["id"], call, "task_agent", call_relation, evidence))
+            if member is found[0]:
                 out.append(
                     (
                         run_id,
@@ -173,22 +225,26 @@ def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
         boundary = compaction_boundary(conn, run_id, ids)
         if boundary is None:
             continue
-        members = _source_entries(conn, ids)
-        for member in members:
-            evidence = _evidence(
-                basis="compact_boundary_after_agent",
-                value=agent,
-                boundary_entry_id=boundary["id"],
-                parent_source_id=boundary["source_id"],
-                agent_source_id=member["source_id"],
-            )
+        evidence_of = {}
+        found = members(agent)
+        for member in found:
+            source = member["source_id"]
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="compact_boundary_after_agent",
+                    value=agent,
+                    boundary_entry_id=boundary["id"],
+                    parent_source_id=boundary["source_id"],
+                    agent_source_id=source,
+                )
             out.append((run_id, member["id"], boundary["id"], "compaction_agent", None, evidence))
-            if member is members[0]:
+            if member is found[0]:
                 out.append(
                     (run_id, boundary["id"], member["id"], "compaction_agent", None, evidence)
                 )
     out.extend(_delegation_links(conn, run_id))
-    _insert(conn, out)
+    return out
 
 
 def _delegation_links(
@@ -196,6 +252,7 @@ def _delegation_links(
 ) -> list[tuple[str, str, str, str, str | None, str]]:
     """``session_delegation`` rows: spawned sessions' entries ↔ the spawning tool call."""
     out: list[tuple[str, str, str, str, str | None, str]] = []
+    members_of: dict[tuple[str, str], list[sqlite3.Row]] = {}
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='spawn' AND target IS NOT NULL "
         "AND tool_call_id IS NOT NULL AND target != session_id ORDER BY pk",
@@ -209,26 +266,32 @@ def _delegation_links(
         ).fetchone()
         if call is None:
             continue  # the call itself was not kept (e.g. history under basic)
-        children = [
-            row["id"]
-            for row in conn.execute(
-                "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? ORDER BY pk",
-                (run_id, action["harness"], action["target"]),
-            )
-        ]
-        if not children:
-            continue
-        members = _source_entries(conn, children)
+        target = (action["harness"], action["target"])
+        members = members_of.get(target)
+        if members is None:
+            children = [
+                row["id"]
+                for row in conn.execute(
+                    "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? "
+                    "ORDER BY pk",
+                    (run_id, *target),
+                )
+            ]
+            members = members_of[target] = _source_entries(conn, children) if children else []
+        evidence_of: dict[str, str] = {}
         for member in members:
-            evidence = _evidence(
-                basis="native_spawn_result",
-                value=action["target"],
-                tool_call_id=action["tool_call_id"],
-                action_entry_id=action["entry_id"],
-                action_object_hash=action["object_hash"],
-                parent_source_id=action["source_id"],
-                child_source_id=member["source_id"],
-            )
+            source = member["source_id"]
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="native_spawn_result",
+                    value=action["target"],
+                    tool_call_id=action["tool_call_id"],
+                    action_entry_id=action["entry_id"],
+                    action_object_hash=action["object_hash"],
+                    parent_source_id=action["source_id"],
+                    child_source_id=source,
+                )
             out.append(
                 (
                     run_id,
