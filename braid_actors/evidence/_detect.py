@@ -23,6 +23,8 @@ HARNESSES: Final = ("claude_code", "codex", "gemini_cli", "local")
 UNSUPPORTED: Final[tuple[str, ...]] = ()
 """Harnesses recognized but not parsed."""
 _SAMPLE: Final = 20
+_JSON_SPACE: Final = b" \t\n\r"
+"""What json skips after a value (``bytes.strip`` alone also strips \\x0b and \\x0c)."""
 
 
 def detect(split: LineSplit, data: bytes) -> str | None:
@@ -52,9 +54,21 @@ def detect(split: LineSplit, data: bytes) -> str | None:
 
 
 def _is_gemini(data: bytes) -> bool:
-    # A JSONL file fails here at its second line ("extra data"), after one line of work.
+    """Whether ``json.loads(data)`` is a Gemini chat object."""
     if not data.lstrip().startswith(b"{"):
         return False
+    newline = data.find(b"\n")
+    if newline >= 0 and b"\x00" not in data[:4] and data[newline:].strip(_JSON_SPACE):
+        # A JSONL file: when its first line is a whole JSON value, json.loads(data) fails
+        # after it ("extra data"); found without decoding the whole file (a parse of the
+        # first line can only end where the parse of the file's first value ends). No NUL
+        # in the first 4 bytes: json reads both as UTF-8, where a 0x0A byte is a newline.
+        try:
+            json.loads(data[:newline])
+        except ValueError:
+            pass  # not a whole value by itself (e.g. a pretty-printed document)
+        else:
+            return False
     try:
         obj = json.loads(data)
     except ValueError:
