@@ -24,6 +24,7 @@ from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import orjson
 
 from braid_actors.model import digest
 
@@ -51,6 +52,21 @@ _COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def object_digest(value: Any) -> str:
     """``model.digest`` of a JSON value (the same canonical bytes, the same hash)."""
     return "sha256:" + hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
+
+
+def floatless_digest(value: Any) -> str:
+    """:func:`object_digest` of a JSON value that holds no float, by orjson.
+
+    Without floats orjson's sorted compact encoding is the canonical bytes: the same string
+    escapes for every code point, keys sorted by code point (UTF-8 bytes sort the same way).
+    What orjson refuses (integers beyond 64 bits, lone surrogates, deep nesting) goes to
+    :func:`object_digest`, which encodes (or fails) as before.
+    """
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return object_digest(value)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _short(value: Any, size: int = 32) -> str:
@@ -194,7 +210,12 @@ class Materializer:
             body["evidence_refs"] = refs
         hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
         hashed["source_id"] = source["id"]
-        object_hash = object_digest(hashed)
+        # Only session metadata (a record's own values) can hold a float; every other part
+        # of the body is strings, integers, booleans and nulls.
+        if draft.session_metadata is None:
+            object_hash = floatless_digest(hashed)
+        else:
+            object_hash = object_digest(hashed)
         body["object_hash"] = object_hash
         return EntryRow(
             id=ids[draft.key],

@@ -1,11 +1,13 @@
-"""Decoding shortcuts give exactly what plain ``json.loads`` gives.
+"""JSON shortcuts give exactly what plain ``json`` gives.
 
 Lines are decoded by orjson unless json would read them differently (19 digits in a row,
 or orjson refuses the line); format detection rules a JSONL file out as a Gemini document
 by its first line instead of decoding the whole file. Both are checked against the plain
 computation on generated lines: JSON values with big integers, floats, escapes and
 surrogates, mutated by bytes that break or change them (quotes, digits, NUL, invalid UTF-8,
-encoded surrogates, newlines), and UTF-16 documents.
+encoded surrogates, newlines), and UTF-16 documents. An entry's ``object_hash`` is
+encoded by orjson when the entry holds no float: checked against the canonical digest on
+float-free values with every kind of string and integers beyond 64 bits.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from braid_actors.evidence._detect import _is_gemini
+from braid_actors.evidence._materialize import floatless_digest, object_digest
 from braid_actors.evidence._parsed import MAX_LINE_BYTES, long_digit_runs, split_lines
 
 scalars = (
@@ -149,3 +153,29 @@ def test_is_gemini_is_the_plain_check(
     tail_text = tail.decode("ascii").encode(encoding)
     for data in (head + body + tail, head + body + tail_text, body + b"\n" + body):
         assert _is_gemini(data) == _plain_is_gemini(data)
+
+
+floatless = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1])
+    | st.text()
+    | st.characters().map(lambda c: c * 3)
+    | st.sampled_from(["\ud800", "a\udfffb", "\x00\x1f\x7f", "\u2028", '"\\/']),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=16,
+)
+
+
+@given(floatless)
+def test_floatless_digest_is_the_canonical_digest(value: Any) -> None:
+    try:
+        expected = object_digest(value)
+    except UnicodeEncodeError:  # a lone surrogate: refused by both
+        with pytest.raises(UnicodeEncodeError):
+            floatless_digest(value)
+        return
+    assert floatless_digest(value) == expected
