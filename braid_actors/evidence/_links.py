@@ -108,14 +108,26 @@ def put_file_links(
     _insert(conn, out)
 
 
-def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[sqlite3.Row]:
+def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are plain tuples (cheaper than the connection's ``Row``)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    return cursor
+
+
+def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[tuple[str, str, str]]:
+    """``(id, kind, source id)`` of the sources' latest entries, in page order."""
     marks = ",".join("?" * len(source_ids))
-    return conn.execute(
-        "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
-        f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
-        "ORDER BY e.source_pk, e.sequence, e.ordinal",
-        source_ids,
-    ).fetchall()
+    return (
+        _tuples(conn)
+        .execute(
+            "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
+            f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
+            "ORDER BY e.source_pk, e.sequence, e.ordinal",
+            source_ids,
+        )
+        .fetchall()
+    )
 
 
 def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None:
@@ -125,64 +137,60 @@ def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None
     return None if row is None else str(row["kind"])
 
 
+Key = tuple[str, str, str]
+"""A link's ``(entry_id, node_id, kind)`` (its primary key within a run)."""
+
+
 def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
     """Rebuild the run's cross-file links (subagents, compaction agents, delegations).
 
-    The result is what deleting them all and inserting :func:`run_link_rows` in order with
-    ``INSERT OR IGNORE`` gives (the first row of a key wins), but only the rows that differ
-    are written: most passes change a few links of a run that holds thousands, and
-    rewriting them all cost as much in commits as in computing them.
+    The result is what deleting them all and inserting the rebuild's rows in order with
+    ``INSERT OR IGNORE`` gives (:func:`run_links`), but only the rows that differ are
+    written: most passes change a few links of a run that holds thousands, and rewriting
+    them all cost as much in commits as computing them.
     """
-    wanted: dict[tuple[str, str, str], tuple[str | None, str]] = {}
-    for _run, entry, node, kind, relation, evidence in run_link_rows(conn, run_id):
-        wanted.setdefault((entry, node, kind), (relation, evidence))
+    wanted = run_links(conn, run_id)
     stale: list[tuple[str, str, str, str]] = []
-    for row in conn.execute(
+    for row in _tuples(conn).execute(
         "SELECT entry_id, node_id, kind, relation, evidence FROM links "
         f"WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
         (run_id, *RUN_KINDS),
     ):
-        key = (row[0], row[1], row[2])
-        if wanted.get(key) == (row[3], row[4]):
+        key = row[:3]
+        if wanted.get(key) == row[3:]:
             del wanted[key]  # already stored as it should be
         else:
             stale.append((run_id, *key))
     conn.executemany(
         "DELETE FROM links WHERE run_id=? AND entry_id=? AND node_id=? AND kind=?", stale
     )
-    _insert(
-        conn,
-        [
-            (run_id, e, n, k, relation, evidence)
-            for (e, n, k), (relation, evidence) in wanted.items()
-        ],
-    )
+    _insert(conn, [(run_id, *key, *value) for key, value in wanted.items()])
 
 
-def run_link_rows(
-    conn: sqlite3.Connection, run_id: str
-) -> list[tuple[str, str, str, str, str | None, str]]:
-    """The run's cross-file link rows, in the order a full rebuild inserts them.
+def run_links(conn: sqlite3.Connection, run_id: str) -> dict[Key, tuple[str | None, str]]:
+    """The run's cross-file links a full rebuild leaves: ``(relation, evidence)`` by key,
+    from the first row of each key in the rebuild's order.
 
     The evidence of a row names the action and the member's source, not the member entry, so
     it is encoded once per source; an agent's entries are read once per rebuild however many
     actions name it.
     """
     sidechains: dict[str, list[str]] = {}
-    for row in conn.execute(
+    for source, agent in _tuples(conn).execute(
         "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
         (run_id,),
     ):
-        sidechains.setdefault(row["agent_id"], []).append(row["id"])
-    members_of: dict[str, list[sqlite3.Row]] = {}
+        sidechains.setdefault(agent, []).append(source)
+    members_of: dict[str, list[tuple[str, str, str]]] = {}
 
-    def members(agent: str) -> list[sqlite3.Row]:
+    def members(agent: str) -> list[tuple[str, str, str]]:
         found = members_of.get(agent)
         if found is None:
             found = members_of[agent] = _source_entries(conn, sidechains[agent])
         return found
 
-    out: list[tuple[str, str, str, str, str | None, str]] = []
+    out: dict[Key, tuple[str | None, str]] = {}
+    add = out.setdefault  # the first row of a key wins, as with INSERT OR IGNORE
     named: set[str] = set()
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
@@ -194,8 +202,7 @@ def run_link_rows(
         call_relation = relation_of(_kind_of(conn, run_id, call))
         evidence_of: dict[str, str] = {}
         found = members(agent)
-        for member in found:
-            source = member["source_id"]
+        for index, (member, kind, source) in enumerate(found):
             evidence = evidence_of.get(source)
             if evidence is None:
                 evidence = evidence_of[source] = _evidence(
@@ -207,18 +214,9 @@ def run_link_rows(
                     parent_source_id=action["source_id"],
                     agent_source_id=source,
                 )
-            out.append((run_id, member["id"], call, "task_agent", call_relation, evidence))
-            if member is found[0]:
-                out.append(
-                    (
-                        run_id,
-                        call,
-                        member["id"],
-                        "task_agent",
-                        relation_of(member["kind"]),
-                        evidence,
-                    )
-                )
+            add((member, call, "task_agent"), (call_relation, evidence))
+            if index == 0:
+                add((call, member, "task_agent"), (relation_of(kind), evidence))
     for agent, ids in sidechains.items():
         if agent in named or not agent.startswith("acompact"):
             continue
@@ -227,8 +225,7 @@ def run_link_rows(
             continue
         evidence_of = {}
         found = members(agent)
-        for member in found:
-            source = member["source_id"]
+        for index, (member, _kind, source) in enumerate(found):
             evidence = evidence_of.get(source)
             if evidence is None:
                 evidence = evidence_of[source] = _evidence(
@@ -238,21 +235,20 @@ def run_link_rows(
                     parent_source_id=boundary["source_id"],
                     agent_source_id=source,
                 )
-            out.append((run_id, member["id"], boundary["id"], "compaction_agent", None, evidence))
-            if member is found[0]:
-                out.append(
-                    (run_id, boundary["id"], member["id"], "compaction_agent", None, evidence)
-                )
-    out.extend(_delegation_links(conn, run_id))
+            add((member, boundary["id"], "compaction_agent"), (None, evidence))
+            if index == 0:
+                add((boundary["id"], member, "compaction_agent"), (None, evidence))
+    _delegation_links(conn, run_id, add)
     return out
 
 
 def _delegation_links(
-    conn: sqlite3.Connection, run_id: str
-) -> list[tuple[str, str, str, str, str | None, str]]:
+    conn: sqlite3.Connection,
+    run_id: str,
+    add: Callable[[Key, tuple[str | None, str]], object],
+) -> None:
     """``session_delegation`` rows: spawned sessions' entries ↔ the spawning tool call."""
-    out: list[tuple[str, str, str, str, str | None, str]] = []
-    members_of: dict[tuple[str, str], list[sqlite3.Row]] = {}
+    members_of: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='spawn' AND target IS NOT NULL "
         "AND tool_call_id IS NOT NULL AND target != session_id ORDER BY pk",
@@ -270,7 +266,7 @@ def _delegation_links(
         members = members_of.get(target)
         if members is None:
             children = [
-                row["id"]
+                row[0]
                 for row in conn.execute(
                     "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? "
                     "ORDER BY pk",
@@ -279,8 +275,7 @@ def _delegation_links(
             ]
             members = members_of[target] = _source_entries(conn, children) if children else []
         evidence_of: dict[str, str] = {}
-        for member in members:
-            source = member["source_id"]
+        for index, (member, kind, source) in enumerate(members):
             evidence = evidence_of.get(source)
             if evidence is None:
                 evidence = evidence_of[source] = _evidence(
@@ -292,22 +287,9 @@ def _delegation_links(
                     parent_source_id=action["source_id"],
                     child_source_id=source,
                 )
-            out.append(
-                (
-                    run_id,
-                    member["id"],
-                    call["id"],
-                    "session_delegation",
-                    "context_tool_call",
-                    evidence,
-                )
-            )
-            if member is members[0]:
-                relation = relation_of(member["kind"])
-                out.append(
-                    (run_id, call["id"], member["id"], "session_delegation", relation, evidence)
-                )
-    return out
+            add((member, call["id"], "session_delegation"), ("context_tool_call", evidence))
+            if index == 0:
+                add((call["id"], member, "session_delegation"), (relation_of(kind), evidence))
 
 
 def compaction_boundary(
