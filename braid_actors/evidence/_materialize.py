@@ -208,8 +208,9 @@ class Materializer:
         refs = [ids[key] for key in draft.refs if key in ids]
         if refs:
             body["evidence_refs"] = refs
-        hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
-        hashed["source_id"] = source["id"]
+        # The body has no object_hash or created_at yet: the hashed object is the body with
+        # its source named by id.
+        hashed = dict(body, source_id=source["id"])
         # Only session metadata (a record's own values) can hold a float; every other part
         # of the body is strings, integers, booleans and nulls.
         if draft.session_metadata is None:

@@ -96,7 +96,7 @@ def split_lines(data: bytes) -> LineSplit:
                 deferred = Line(number, position, size, raw, None, "incomplete_line")
             break
         raw = data[position:newline]
-        if raw.strip():
+        if (raw and raw[0] not in _SPACE) or raw.strip():  # not blank (without copying)
             while run < len(runs) and runs[run] < position:
                 run += 1
             plain = run < len(runs) and runs[run] < newline
@@ -106,6 +106,8 @@ def split_lines(data: bytes) -> LineSplit:
     return LineSplit(lines=tuple(lines), deferred=deferred, size=size, complete_end=end)
 
 
+_SPACE: Final = frozenset(b" \t\n\r\x0b\x0c")
+"""The bytes ``bytes.strip`` removes."""
 _DIGITS: Final = bytes.maketrans(b"123456789", b"000000000")
 _RUN: Final = b"0" * 19
 """19 digits in a row: an integer literal orjson could read outside 64 bits (as a float)."""
