@@ -9,6 +9,7 @@ JSON object with ``sessionId``, ``projectHash`` and ``messages`` is a Gemini CLI
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Final
 
 from ._claude import RECORD_TYPES as CLAUDE_TYPES
@@ -23,8 +24,8 @@ HARNESSES: Final = ("claude_code", "codex", "gemini_cli", "local")
 UNSUPPORTED: Final[tuple[str, ...]] = ()
 """Harnesses recognized but not parsed."""
 _SAMPLE: Final = 20
-_JSON_SPACE: Final = b" \t\n\r"
-"""What json skips after a value (``bytes.strip`` alone also strips \\x0b and \\x0c)."""
+_NOT_SPACE: Final = re.compile(rb"[^ \t\n\r]")
+"""A byte json does not skip after a value."""
 
 
 def detect(split: LineSplit, data: bytes) -> str | None:
@@ -58,7 +59,7 @@ def _is_gemini(data: bytes) -> bool:
     if not data.lstrip().startswith(b"{"):
         return False
     newline = data.find(b"\n")
-    if newline >= 0 and b"\x00" not in data[:4] and data[newline:].strip(_JSON_SPACE):
+    if newline >= 0 and b"\x00" not in data[:4] and _NOT_SPACE.search(data, newline):
         # A JSONL file: when its first line is a whole JSON value, json.loads(data) fails
         # after it ("extra data"); found without decoding the whole file (a parse of the
         # first line can only end where the parse of the file's first value ends). No NUL
