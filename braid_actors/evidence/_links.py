@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
+
 if TYPE_CHECKING:
     import sqlite3
     from collections.abc import Callable, Iterable
@@ -141,21 +143,57 @@ Key = tuple[str, str, str]
 """A link's ``(entry_id, node_id, kind)`` (its primary key within a run)."""
 
 
-def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
+@attrs.frozen
+class PassChanges:
+    """What an ingest pass wrote that the run's ``task_agent`` links rest on."""
+
+    additive: bool
+    """No entry was superseded by a new revision and no existing source changed its
+    ``agent_id``: the pass only added sources, entries and actions."""
+    members: list[tuple[str, str, str, str]]
+    """``(entry id, kind, source id, agent id)`` of the entries written for sources with
+    an ``agent_id``."""
+    calls: frozenset[str]
+    """Call entries of the ``task_agent`` actions this pass inserted."""
+
+
+def rebuild_run_links(
+    conn: sqlite3.Connection, run_id: str, changes: PassChanges | None = None
+) -> None:
     """Rebuild the run's cross-file links (subagents, compaction agents, delegations).
 
     The result is what deleting them all and inserting the rebuild's rows in order with
     ``INSERT OR IGNORE`` gives (:func:`run_links`), but only the rows that differ are
     written: most passes change a few links of a run that holds thousands, and rewriting
-    them all cost as much in commits as computing them.
+    them all cost as much in commits as computing them. With ``changes`` of an additive
+    pass, the ``task_agent`` links are not recomputed but extended (:func:`_add_task_links`).
     """
-    wanted = run_links(conn, run_id)
+    additive = changes is not None and changes.additive and not _nested_task_calls(conn, run_id)
+    kinds = tuple(k for k in RUN_KINDS if not (additive and k == "task_agent"))
+    wanted = run_links(conn, run_id, task_agents=not additive)
+    _write_difference(
+        conn,
+        run_id,
+        wanted,
+        _tuples(conn).execute(
+            "SELECT entry_id, node_id, kind, relation, evidence FROM links "
+            f"WHERE run_id=? AND kind IN ({','.join('?' * len(kinds))})",
+            (run_id, *kinds),
+        ),
+    )
+    if additive and changes is not None:
+        _add_task_links(conn, run_id, changes)
+
+
+def _write_difference(
+    conn: sqlite3.Connection,
+    run_id: str,
+    wanted: dict[Key, tuple[str | None, str]],
+    stored: Iterable[tuple[Any, ...]],
+) -> None:
+    """Make the ``stored`` rows (entry, node, kind, relation, evidence) the ``wanted`` ones."""
     stale: list[tuple[str, str, str, str]] = []
-    for row in _tuples(conn).execute(
-        "SELECT entry_id, node_id, kind, relation, evidence FROM links "
-        f"WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
-        (run_id, *RUN_KINDS),
-    ):
+    for row in stored:
         key = row[:3]
         if wanted.get(key) == row[3:]:
             del wanted[key]  # already stored as it should be
@@ -167,7 +205,94 @@ def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
     _insert(conn, [(run_id, *key, *value) for key, value in wanted.items()])
 
 
-def run_links(conn: sqlite3.Connection, run_id: str) -> dict[Key, tuple[str | None, str]]:
+def _nested_task_calls(conn: sqlite3.Connection, run_id: str) -> bool:
+    """Whether a ``task_agent`` call is itself in a subagent's sidechain (then a call can
+    also be a member of another agent, and the rows of two actions can share a key)."""
+    found = conn.execute(
+        "SELECT 1 FROM actions a JOIN sources s ON s.id = a.source_id WHERE a.run_id=? "
+        "AND a.kind='task_agent' AND s.agent_id IS NOT NULL LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return found is not None
+
+
+def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges) -> None:
+    """The ``task_agent`` rows of an additive pass, without recomputing the others.
+
+    A member row ``(member, call)`` depends on the action, the member's source and the
+    call's kind; an additive pass changes none of those for the rows it did not write
+    entries or actions for (no revision: no kind changes; no agent change: no member
+    leaves). Its new rows are every action × the agent's new entries, and every new
+    action × all of the agent's entries; each key holds a new entry or a new action's
+    call, so none is stored yet. The call → first-member rows (one per action, and the
+    first member can change) are recomputed and compared for every action.
+    """
+    sidechains: dict[str, list[str]] = {}
+    for source, agent in _tuples(conn).execute(
+        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
+        (run_id,),
+    ):
+        sidechains.setdefault(agent, []).append(source)
+    added: dict[str, list[tuple[str, str, str]]] = {}
+    for entry, kind, source, agent in changes.members:
+        added.setdefault(agent, []).append((entry, kind, source))
+    new: dict[Key, tuple[str | None, str]] = {}
+    firsts: dict[Key, tuple[str | None, str]] = {}
+    calls: list[str] = []
+    members_of: dict[str, list[tuple[str, str, str]]] = {}
+    for action in conn.execute(
+        "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
+    ).fetchall():
+        agent, call = action["agent_id"], action["entry_id"]
+        calls.append(call)
+        if not sidechains.get(agent):
+            continue
+        members = members_of.get(agent)
+        if members is None:
+            members = members_of[agent] = _source_entries(conn, sidechains[agent])
+        if not members:
+            continue
+
+        def evidence(source: str, action: sqlite3.Row = action) -> str:
+            return _evidence(
+                basis="agentId",
+                value=action["agent_id"],
+                tool_call_id=action["tool_call_id"],
+                action_entry_id=action["entry_id"],
+                action_object_hash=action["object_hash"],
+                parent_source_id=action["source_id"],
+                agent_source_id=source,
+            )
+
+        first, first_kind, first_source = members[0]
+        firsts.setdefault(
+            (call, first, "task_agent"), (relation_of(first_kind), evidence(first_source))
+        )
+        fresh = members if call in changes.calls else added.get(agent, [])
+        if fresh:
+            call_relation = relation_of(_kind_of(conn, run_id, call))
+            evidence_of: dict[str, str] = {}
+            for member, _kind, source in fresh:
+                text = evidence_of.get(source)
+                if text is None:
+                    text = evidence_of[source] = evidence(source)
+                new.setdefault((member, call, "task_agent"), (call_relation, text))
+    _insert(conn, [(run_id, *key, *value) for key, value in new.items()])
+    stored: list[tuple[Any, ...]] = []
+    cursor = _tuples(conn)
+    for start in range(0, len(calls), _CHUNK):
+        chunk = calls[start : start + _CHUNK]
+        stored += cursor.execute(
+            "SELECT entry_id, node_id, kind, relation, evidence FROM links WHERE run_id=? "
+            f"AND kind='task_agent' AND entry_id IN ({','.join('?' * len(chunk))})",
+            (run_id, *chunk),
+        ).fetchall()
+    _write_difference(conn, run_id, firsts, stored)
+
+
+def run_links(
+    conn: sqlite3.Connection, run_id: str, *, task_agents: bool = True
+) -> dict[Key, tuple[str | None, str]]:
     """The run's cross-file links a full rebuild leaves: ``(relation, evidence)`` by key,
     from the first row of each key in the rebuild's order.
 
@@ -197,8 +322,8 @@ def run_links(conn: sqlite3.Connection, run_id: str) -> dict[Key, tuple[str | No
     ).fetchall():
         agent, call = action["agent_id"], action["entry_id"]
         named.add(agent)
-        if not sidechains.get(agent):
-            continue
+        if not task_agents or not sidechains.get(agent):
+            continue  # (without task_agents: only which agents are named)
         call_relation = relation_of(_kind_of(conn, run_id, call))
         evidence_of: dict[str, str] = {}
         found = members(agent)

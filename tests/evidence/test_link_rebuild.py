@@ -324,3 +324,63 @@ def test_rebuild_removes_links_that_no_longer_hold(tmp_path: Path) -> None:
         with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
             kinds = {row[2] for row in _links(conn, "run_m") if row[2] in RUN_KINDS}
     assert counts[1] > 0 and counts[2] > 0 and kinds == {"task_agent"}
+
+
+def test_rebuild_after_a_changed_agent_a_revised_call_and_a_nested_call(tmp_path: Path) -> None:
+    """The passes that are not additive: a sidechain file rewritten under another agent id
+    (its entries are revised too), a parent rewritten so that the ``Task`` call's entry
+    becomes a message (a revision: the links to the call lose their relation), and a
+    ``Task`` call inside a sidechain (nested subagents)."""
+    session = "55555555-2222-3333-4444-555555555555"
+
+    def said(uuid: str, agent: str, **extra: Any) -> dict[str, Any]:
+        return claude_line(
+            session, "user", f"text {uuid}", uuid=uuid, isSidechain=True, agentId=agent, **extra
+        )
+
+    def task(uuid: str, call_id: str, agent: str, **extra: Any) -> list[dict[str, Any]]:
+        block = {"type": "tool_use", "id": call_id, "name": "Task", "input": {"prompt": "go"}}
+        progress = {
+            "type": "progress",
+            "sessionId": session,
+            "uuid": f"{uuid}-p",
+            "timestamp": "2026-01-01T00:00:05.000Z",
+            "parentToolUseID": call_id,
+            "data": {"type": "agent_progress", "agentId": agent},
+            **extra,
+        }
+        call = claude_line(
+            session, "assistant", [block], uuid=uuid, message_id=f"m-{uuid}", **extra
+        )
+        return [call, progress]
+
+    parent = tmp_path / "parent.jsonl"
+    child = tmp_path / "agent-aaa111.jsonl"
+    grandchild = tmp_path / "agent-ccc333.jsonl"
+    home = tmp_path / "home"
+    counts: list[int] = []
+    with EvidenceStore.open(home) as store:
+
+        def ingest(path: Path) -> None:
+            store.ingest(path, run_id="run_n")
+            counts.append(_check(home, "run_n"))
+
+        jsonl(
+            parent, [claude_line(session, "user", "hello", uuid="p1"), *task("p2", "t1", "aaa111")]
+        )
+        jsonl(child, [said("c1", "aaa111"), said("c2", "aaa111")])
+        ingest(child)
+        ingest(parent)
+        jsonl(child, [said("c1", "bbb222"), said("c2", "bbb222")])  # the agent id changed
+        ingest(child)
+        jsonl(child, [said("c1", "aaa111"), said("c2", "aaa111")])
+        ingest(child)
+        message = claude_line(session, "assistant", "no call", uuid="p2", message_id="m-p2")
+        jsonl(parent, [claude_line(session, "user", "hello", uuid="p1"), message])  # revised
+        ingest(parent)
+        nested = task("c3", "t2", "ccc333", isSidechain=True, agentId="aaa111")
+        jsonl(child, [said("c1", "aaa111"), said("c2", "aaa111"), *nested])
+        ingest(child)
+        jsonl(grandchild, [said("g1", "ccc333")])
+        ingest(grandchild)
+    assert counts[1] > 0 and counts[2] == 0 and counts[3] > 0 and counts[-1] > counts[3]
