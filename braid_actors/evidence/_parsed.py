@@ -293,7 +293,10 @@ class Outcome:
     """Per session key: token usage with repeated reports counted once."""
 
     def stat(self, session: str, name: str, amount: int = 1) -> None:
-        self.stats.setdefault(session, Counter())[name] += amount
+        counts = self.stats.get(session)  # (setdefault would build a Counter per call)
+        if counts is None:
+            counts = self.stats[session] = Counter()
+        counts[name] += amount
 
     def issue(
         self, code: str, line: int | None, session: str | None, field: str | None = None
