@@ -262,15 +262,24 @@ class Materializer:
             return self._put(
                 result.text.encode("utf-8"), content.media_type, result.redacted, draft, scope
             )
-        original = _dumps(content.value)
+        encoded = _COMPACT.encode(content.value)
+        original = encoded.encode("utf-8")  # (a lone surrogate fails here, as it always did)
         if omit:
             return _omitted(original, content.media_type, digest_scope)
-        return self._store_json(content.value, draft, scope)
+        return self._store_json(content.value, draft, scope, encoded)
 
     def _store_json(
-        self, value: Any, draft: Draft | None = None, scope: str = CURRENT
+        self,
+        value: Any,
+        draft: Draft | None = None,
+        scope: str = CURRENT,
+        encoded: str | None = None,
     ) -> dict[str, Any]:
-        text = self.redactor.json_text(value, _dumps(value).decode("utf-8"))
+        """Store ``value`` as redacted JSON; ``encoded`` is its compact encoding when the
+        caller has it already (``_dumps(value).decode()``: the same text)."""
+        if encoded is None:
+            encoded = _dumps(value).decode("utf-8")
+        text = self.redactor.json_text(value, encoded)
         return self._put(text.text.encode("utf-8"), "application/json", text.redacted, draft, scope)
 
     def _put(
