@@ -9,6 +9,7 @@ JSON object with ``sessionId``, ``projectHash`` and ``messages`` is a Gemini CLI
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Final
 
 from ._claude import RECORD_TYPES as CLAUDE_TYPES
@@ -23,6 +24,8 @@ HARNESSES: Final = ("claude_code", "codex", "gemini_cli", "local")
 UNSUPPORTED: Final[tuple[str, ...]] = ()
 """Harnesses recognized but not parsed."""
 _SAMPLE: Final = 20
+_NOT_SPACE: Final = re.compile(rb"[^ \t\n\r]")
+"""A byte json does not skip after a value."""
 
 
 def detect(split: LineSplit, data: bytes) -> str | None:
@@ -52,9 +55,21 @@ def detect(split: LineSplit, data: bytes) -> str | None:
 
 
 def _is_gemini(data: bytes) -> bool:
-    # A JSONL file fails here at its second line ("extra data"), after one line of work.
+    """Whether ``json.loads(data)`` is a Gemini chat object."""
     if not data.lstrip().startswith(b"{"):
         return False
+    newline = data.find(b"\n")
+    if newline >= 0 and b"\x00" not in data[:4] and _NOT_SPACE.search(data, newline):
+        # A JSONL file: when its first line is a whole JSON value, json.loads(data) fails
+        # after it ("extra data"); found without decoding the whole file (a parse of the
+        # first line can only end where the parse of the file's first value ends). No NUL
+        # in the first 4 bytes: json reads both as UTF-8, where a 0x0A byte is a newline.
+        try:
+            json.loads(data[:newline])
+        except ValueError:
+            pass  # not a whole value by itself (e.g. a pretty-printed document)
+        else:
+            return False
     try:
         obj = json.loads(data)
     except ValueError:

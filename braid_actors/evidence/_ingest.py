@@ -33,7 +33,7 @@ from ._codex import parse_codex
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
 from ._gemini import parse_gemini, split_gemini
-from ._links import put_file_links, rebuild_run_links
+from ._links import PassChanges, put_file_links, rebuild_run_links
 from ._local import parse_local
 from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id
 from ._objects import ObjectStore
@@ -111,13 +111,15 @@ class Ingest(Rows):
         with transaction(self.conn):
             ensure_run(self.conn, run_id, policy, self.now)
             was_linked = self._in_run_links(run_id, sources)
+            agents_before = self._agents(sources)
             pks = {key: self.put_source(run_id, path_key, src) for key, src in sources.items()}
-            written, inserted = self._put_entries(run_id, rows, pks)
+            written, inserted, revised = self._put_entries(run_id, rows, pks)
             self._put_objects(mat)
-            self._put_actions(run_id, outcome, rows, sources)
+            calls = self._put_actions(run_id, outcome, rows, sources)
             put_file_links(self.conn, run_id, outcome.links, rows, self.redactor.clean)
             if was_linked or _may_link(sources, outcome, inserted):
-                rebuild_run_links(self.conn, run_id)
+                changes = _changes(sources, agents_before, inserted, revised, calls)
+                rebuild_run_links(self.conn, run_id, changes)
             self._put_file(run_id, path_key, data, boundary, split.complete_end)
             reports = [
                 self._report(
@@ -148,6 +150,16 @@ class Ingest(Rows):
             (*ids, run_id, *ids, run_id, *sessions),
         ).fetchone()
         return found is not None
+
+    def _agents(self, sources: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+        """The recorded ``agent_id`` of each of these sources the store already holds."""
+        ids = [src["id"] for src in sources.values()]
+        if not ids:
+            return {}
+        found = self.conn.execute(
+            f"SELECT id, agent_id FROM sources WHERE id IN ({','.join('?' * len(ids))})", ids
+        )
+        return {row["id"]: row["agent_id"] for row in found}
 
     # ---- boundary --------------------------------------------------------------------
 
@@ -191,9 +203,9 @@ class Ingest(Rows):
 
     def _put_entries(
         self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
-    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow]]:
+    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool]:
         """Write new entries and revisions; count (session, scope, stored|duplicates) and
-        return the rows written."""
+        return the rows written and whether any was a new revision."""
         tally: Counter[tuple[str, str, str]] = Counter()
         existing: dict[str, tuple[int, str]] = {}
         for pk in set(pks.values()):
@@ -248,7 +260,7 @@ class Ingest(Rows):
             "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
             inserts,
         )
-        return tally, inserted
+        return tally, inserted, bool(superseded)
 
     def _put_objects(self, mat: Materializer) -> None:
         self.objects.put_many(mat.pending.items())
@@ -266,15 +278,18 @@ class Ingest(Rows):
         outcome: Outcome,
         rows: list[EntryRow],
         sources: dict[str, dict[str, Any]],
-    ) -> None:
+    ) -> frozenset[str]:
+        """Write the actions of current-execution entries; return the call entries of the
+        ``task_agent`` actions that were new."""
         by_key = {(row.sequence, row.ordinal): row for row in rows}
         clean = self.redactor.clean
+        calls: set[str] = set()
         for action in outcome.actions:
             row = by_key.get(action.draft)
             if row is None or row.scope != CURRENT:
                 continue  # prior-context actions are excluded from relations
             source = sources[action.session]
-            self.conn.execute(
+            written = self.conn.execute(
                 "INSERT OR IGNORE INTO actions(run_id, source_id, entry_id, object_hash, kind, "
                 "harness, session_id, target, agent_id, tool_call_id, recorded_at, body_limited) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -293,6 +308,9 @@ class Ingest(Rows):
                     int(action.body_limited),
                 ),
             )
+            if written.rowcount and action.kind == "task_agent":
+                calls.add(row.id)
+        return frozenset(calls)
 
     def _put_file(
         self, run_id: str, path_key: str, data: bytes, boundary: int, cursor: int
@@ -424,6 +442,26 @@ def _may_link(
             for row in inserted
         )
     )
+
+
+def _changes(
+    sources: dict[str, dict[str, Any]],
+    agents_before: dict[str, str | None],
+    inserted: list[EntryRow],
+    revised: bool,
+    calls: frozenset[str],
+) -> PassChanges:
+    """What the pass wrote that ``task_agent`` links rest on (see ``PassChanges``)."""
+    moved = any(
+        src["id"] in agents_before and agents_before[src["id"]] != src.get("agent_id")
+        for src in sources.values()
+    )
+    members = [
+        (row.id, row.kind, src["id"], src["agent_id"])
+        for row in inserted
+        if (src := sources[row.session]).get("agent_id")
+    ]
+    return PassChanges(additive=not revised and not moved, members=members, calls=calls)
 
 
 def _hash(data: bytes) -> str:

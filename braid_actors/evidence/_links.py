@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Final
 
+import attrs
+
 if TYPE_CHECKING:
     import sqlite3
     from collections.abc import Callable, Iterable
@@ -55,8 +57,12 @@ def relation_of(kind: str | None) -> str | None:
     return RELATIONS.get(kind or "")
 
 
+_EVIDENCE: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+"""``json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))``, built once."""
+
+
 def _evidence(**fields: Any) -> str:
-    return json.dumps(fields, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _EVIDENCE.encode(fields)
 
 
 def _insert(
@@ -104,14 +110,26 @@ def put_file_links(
     _insert(conn, out)
 
 
-def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[sqlite3.Row]:
+def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are plain tuples (cheaper than the connection's ``Row``)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    return cursor
+
+
+def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[tuple[str, str, str]]:
+    """``(id, kind, source id)`` of the sources' latest entries, in page order."""
     marks = ",".join("?" * len(source_ids))
-    return conn.execute(
-        "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
-        f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
-        "ORDER BY e.source_pk, e.sequence, e.ordinal",
-        source_ids,
-    ).fetchall()
+    return (
+        _tuples(conn)
+        .execute(
+            "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
+            f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
+            "ORDER BY e.source_pk, e.sequence, e.ordinal",
+            source_ids,
+        )
+        .fetchall()
+    )
 
 
 def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None:
@@ -121,81 +139,241 @@ def _kind_of(conn: sqlite3.Connection, run_id: str, entry_id: str) -> str | None
     return None if row is None else str(row["kind"])
 
 
-def rebuild_run_links(conn: sqlite3.Connection, run_id: str) -> None:
-    """Rebuild the run's cross-file links (subagents, compaction agents, delegations)."""
-    conn.execute(
-        f"DELETE FROM links WHERE run_id=? AND kind IN ({','.join('?' * len(RUN_KINDS))})",
-        (run_id, *RUN_KINDS),
+Key = tuple[str, str, str]
+"""A link's ``(entry_id, node_id, kind)`` (its primary key within a run)."""
+
+
+@attrs.frozen
+class PassChanges:
+    """What an ingest pass wrote that the run's ``task_agent`` links rest on."""
+
+    additive: bool
+    """No entry was superseded by a new revision and no existing source changed its
+    ``agent_id``: the pass only added sources, entries and actions."""
+    members: list[tuple[str, str, str, str]]
+    """``(entry id, kind, source id, agent id)`` of the entries written for sources with
+    an ``agent_id``."""
+    calls: frozenset[str]
+    """Call entries of the ``task_agent`` actions this pass inserted."""
+
+
+def rebuild_run_links(
+    conn: sqlite3.Connection, run_id: str, changes: PassChanges | None = None
+) -> None:
+    """Rebuild the run's cross-file links (subagents, compaction agents, delegations).
+
+    The result is what deleting them all and inserting the rebuild's rows in order with
+    ``INSERT OR IGNORE`` gives (:func:`run_links`), but only the rows that differ are
+    written: most passes change a few links of a run that holds thousands, and rewriting
+    them all cost as much in commits as computing them. With ``changes`` of an additive
+    pass, the ``task_agent`` links are not recomputed but extended (:func:`_add_task_links`).
+    """
+    additive = changes is not None and changes.additive and not _nested_task_calls(conn, run_id)
+    kinds = tuple(k for k in RUN_KINDS if not (additive and k == "task_agent"))
+    wanted = run_links(conn, run_id, task_agents=not additive)
+    _write_difference(
+        conn,
+        run_id,
+        wanted,
+        _tuples(conn).execute(
+            "SELECT entry_id, node_id, kind, relation, evidence FROM links "
+            f"WHERE run_id=? AND kind IN ({','.join('?' * len(kinds))})",
+            (run_id, *kinds),
+        ),
     )
+    if additive and changes is not None:
+        _add_task_links(conn, run_id, changes)
+
+
+def _write_difference(
+    conn: sqlite3.Connection,
+    run_id: str,
+    wanted: dict[Key, tuple[str | None, str]],
+    stored: Iterable[tuple[Any, ...]],
+) -> None:
+    """Make the ``stored`` rows (entry, node, kind, relation, evidence) the ``wanted`` ones."""
+    stale: list[tuple[str, str, str, str]] = []
+    for row in stored:
+        key = row[:3]
+        if wanted.get(key) == row[3:]:
+            del wanted[key]  # already stored as it should be
+        else:
+            stale.append((run_id, *key))
+    conn.executemany(
+        "DELETE FROM links WHERE run_id=? AND entry_id=? AND node_id=? AND kind=?", stale
+    )
+    _insert(conn, [(run_id, *key, *value) for key, value in wanted.items()])
+
+
+def _nested_task_calls(conn: sqlite3.Connection, run_id: str) -> bool:
+    """Whether a ``task_agent`` call is itself in a subagent's sidechain (then a call can
+    also be a member of another agent, and the rows of two actions can share a key)."""
+    found = conn.execute(
+        "SELECT 1 FROM actions a JOIN sources s ON s.id = a.source_id WHERE a.run_id=? "
+        "AND a.kind='task_agent' AND s.agent_id IS NOT NULL LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return found is not None
+
+
+def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges) -> None:
+    """The ``task_agent`` rows of an additive pass, without recomputing the others.
+
+    A member row ``(member, call)`` depends on the action, the member's source and the
+    call's kind; an additive pass changes none of those for the rows it did not write
+    entries or actions for (no revision: no kind changes; no agent change: no member
+    leaves). Its new rows are every action × the agent's new entries, and every new
+    action × all of the agent's entries; each key holds a new entry or a new action's
+    call, so none is stored yet. The call → first-member rows (one per action, and the
+    first member can change) are recomputed and compared for every action.
+    """
     sidechains: dict[str, list[str]] = {}
-    for row in conn.execute(
+    for source, agent in _tuples(conn).execute(
         "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
         (run_id,),
     ):
-        sidechains.setdefault(row["agent_id"], []).append(row["id"])
-    out: list[tuple[str, str, str, str, str | None, str]] = []
+        sidechains.setdefault(agent, []).append(source)
+    added: dict[str, list[tuple[str, str, str]]] = {}
+    for entry, kind, source, agent in changes.members:
+        added.setdefault(agent, []).append((entry, kind, source))
+    new: dict[Key, tuple[str | None, str]] = {}
+    firsts: dict[Key, tuple[str | None, str]] = {}
+    calls: list[str] = []
+    members_of: dict[str, list[tuple[str, str, str]]] = {}
+    for action in conn.execute(
+        "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
+    ).fetchall():
+        agent, call = action["agent_id"], action["entry_id"]
+        calls.append(call)
+        if not sidechains.get(agent):
+            continue
+        members = members_of.get(agent)
+        if members is None:
+            members = members_of[agent] = _source_entries(conn, sidechains[agent])
+        if not members:
+            continue
+
+        def evidence(source: str, action: sqlite3.Row = action) -> str:
+            return _evidence(
+                basis="agentId",
+                value=action["agent_id"],
+                tool_call_id=action["tool_call_id"],
+                action_entry_id=action["entry_id"],
+                action_object_hash=action["object_hash"],
+                parent_source_id=action["source_id"],
+                agent_source_id=source,
+            )
+
+        first, first_kind, first_source = members[0]
+        firsts.setdefault(
+            (call, first, "task_agent"), (relation_of(first_kind), evidence(first_source))
+        )
+        fresh = members if call in changes.calls else added.get(agent, [])
+        if fresh:
+            call_relation = relation_of(_kind_of(conn, run_id, call))
+            evidence_of: dict[str, str] = {}
+            for member, _kind, source in fresh:
+                text = evidence_of.get(source)
+                if text is None:
+                    text = evidence_of[source] = evidence(source)
+                new.setdefault((member, call, "task_agent"), (call_relation, text))
+    _insert(conn, [(run_id, *key, *value) for key, value in new.items()])
+    stored: list[tuple[Any, ...]] = []
+    cursor = _tuples(conn)
+    for start in range(0, len(calls), _CHUNK):
+        chunk = calls[start : start + _CHUNK]
+        stored += cursor.execute(
+            "SELECT entry_id, node_id, kind, relation, evidence FROM links WHERE run_id=? "
+            f"AND kind='task_agent' AND entry_id IN ({','.join('?' * len(chunk))})",
+            (run_id, *chunk),
+        ).fetchall()
+    _write_difference(conn, run_id, firsts, stored)
+
+
+def run_links(
+    conn: sqlite3.Connection, run_id: str, *, task_agents: bool = True
+) -> dict[Key, tuple[str | None, str]]:
+    """The run's cross-file links a full rebuild leaves: ``(relation, evidence)`` by key,
+    from the first row of each key in the rebuild's order.
+
+    The evidence of a row names the action and the member's source, not the member entry, so
+    it is encoded once per source; an agent's entries are read once per rebuild however many
+    actions name it.
+    """
+    sidechains: dict[str, list[str]] = {}
+    for source, agent in _tuples(conn).execute(
+        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
+        (run_id,),
+    ):
+        sidechains.setdefault(agent, []).append(source)
+    members_of: dict[str, list[tuple[str, str, str]]] = {}
+
+    def members(agent: str) -> list[tuple[str, str, str]]:
+        found = members_of.get(agent)
+        if found is None:
+            found = members_of[agent] = _source_entries(conn, sidechains[agent])
+        return found
+
+    out: dict[Key, tuple[str | None, str]] = {}
+    add = out.setdefault  # the first row of a key wins, as with INSERT OR IGNORE
     named: set[str] = set()
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
     ).fetchall():
         agent, call = action["agent_id"], action["entry_id"]
         named.add(agent)
-        ids = sidechains.get(agent, [])
-        if not ids:
-            continue
-        call_kind = _kind_of(conn, run_id, call)
-        members = _source_entries(conn, ids)
-        for member in members:
-            evidence = _evidence(
-                basis="agentId",
-                value=agent,
-                tool_call_id=action["tool_call_id"],
-                action_entry_id=call,
-                action_object_hash=action["object_hash"],
-                parent_source_id=action["source_id"],
-                agent_source_id=member["source_id"],
-            )
-            out.append((run_id, member["id"], call, "task_agent", relation_of(call_kind), evidence))
-            if member is members[0]:
-                out.append(
-                    (
-                        run_id,
-                        call,
-                        member["id"],
-                        "task_agent",
-                        relation_of(member["kind"]),
-                        evidence,
-                    )
+        if not task_agents or not sidechains.get(agent):
+            continue  # (without task_agents: only which agents are named)
+        call_relation = relation_of(_kind_of(conn, run_id, call))
+        evidence_of: dict[str, str] = {}
+        found = members(agent)
+        for index, (member, kind, source) in enumerate(found):
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="agentId",
+                    value=agent,
+                    tool_call_id=action["tool_call_id"],
+                    action_entry_id=call,
+                    action_object_hash=action["object_hash"],
+                    parent_source_id=action["source_id"],
+                    agent_source_id=source,
                 )
+            add((member, call, "task_agent"), (call_relation, evidence))
+            if index == 0:
+                add((call, member, "task_agent"), (relation_of(kind), evidence))
     for agent, ids in sidechains.items():
         if agent in named or not agent.startswith("acompact"):
             continue
         boundary = compaction_boundary(conn, run_id, ids)
         if boundary is None:
             continue
-        members = _source_entries(conn, ids)
-        for member in members:
-            evidence = _evidence(
-                basis="compact_boundary_after_agent",
-                value=agent,
-                boundary_entry_id=boundary["id"],
-                parent_source_id=boundary["source_id"],
-                agent_source_id=member["source_id"],
-            )
-            out.append((run_id, member["id"], boundary["id"], "compaction_agent", None, evidence))
-            if member is members[0]:
-                out.append(
-                    (run_id, boundary["id"], member["id"], "compaction_agent", None, evidence)
+        evidence_of = {}
+        found = members(agent)
+        for index, (member, _kind, source) in enumerate(found):
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="compact_boundary_after_agent",
+                    value=agent,
+                    boundary_entry_id=boundary["id"],
+                    parent_source_id=boundary["source_id"],
+                    agent_source_id=source,
                 )
-    out.extend(_delegation_links(conn, run_id))
-    _insert(conn, out)
+            add((member, boundary["id"], "compaction_agent"), (None, evidence))
+            if index == 0:
+                add((boundary["id"], member, "compaction_agent"), (None, evidence))
+    _delegation_links(conn, run_id, add)
+    return out
 
 
 def _delegation_links(
-    conn: sqlite3.Connection, run_id: str
-) -> list[tuple[str, str, str, str, str | None, str]]:
+    conn: sqlite3.Connection,
+    run_id: str,
+    add: Callable[[Key, tuple[str | None, str]], object],
+) -> None:
     """``session_delegation`` rows: spawned sessions' entries ↔ the spawning tool call."""
-    out: list[tuple[str, str, str, str, str | None, str]] = []
+    members_of: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='spawn' AND target IS NOT NULL "
         "AND tool_call_id IS NOT NULL AND target != session_id ORDER BY pk",
@@ -209,42 +387,34 @@ def _delegation_links(
         ).fetchone()
         if call is None:
             continue  # the call itself was not kept (e.g. history under basic)
-        children = [
-            row["id"]
-            for row in conn.execute(
-                "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? ORDER BY pk",
-                (run_id, action["harness"], action["target"]),
-            )
-        ]
-        if not children:
-            continue
-        members = _source_entries(conn, children)
-        for member in members:
-            evidence = _evidence(
-                basis="native_spawn_result",
-                value=action["target"],
-                tool_call_id=action["tool_call_id"],
-                action_entry_id=action["entry_id"],
-                action_object_hash=action["object_hash"],
-                parent_source_id=action["source_id"],
-                child_source_id=member["source_id"],
-            )
-            out.append(
-                (
-                    run_id,
-                    member["id"],
-                    call["id"],
-                    "session_delegation",
-                    "context_tool_call",
-                    evidence,
+        target = (action["harness"], action["target"])
+        members = members_of.get(target)
+        if members is None:
+            children = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM sources WHERE run_id=? AND harness=? AND session_id=? "
+                    "ORDER BY pk",
+                    (run_id, *target),
                 )
-            )
-            if member is members[0]:
-                relation = relation_of(member["kind"])
-                out.append(
-                    (run_id, call["id"], member["id"], "session_delegation", relation, evidence)
+            ]
+            members = members_of[target] = _source_entries(conn, children) if children else []
+        evidence_of: dict[str, str] = {}
+        for index, (member, kind, source) in enumerate(members):
+            evidence = evidence_of.get(source)
+            if evidence is None:
+                evidence = evidence_of[source] = _evidence(
+                    basis="native_spawn_result",
+                    value=action["target"],
+                    tool_call_id=action["tool_call_id"],
+                    action_entry_id=action["entry_id"],
+                    action_object_hash=action["object_hash"],
+                    parent_source_id=action["source_id"],
+                    child_source_id=source,
                 )
-    return out
+            add((member, call["id"], "session_delegation"), ("context_tool_call", evidence))
+            if index == 0:
+                add((call["id"], member, "session_delegation"), (relation_of(kind), evidence))
 
 
 def compaction_boundary(

@@ -24,6 +24,7 @@ from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import orjson
 
 from braid_actors.model import digest
 
@@ -51,6 +52,21 @@ _COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def object_digest(value: Any) -> str:
     """``model.digest`` of a JSON value (the same canonical bytes, the same hash)."""
     return "sha256:" + hashlib.sha256(_CANONICAL.encode(value).encode("utf-8")).hexdigest()
+
+
+def floatless_digest(value: Any) -> str:
+    """:func:`object_digest` of a JSON value that holds no float, by orjson.
+
+    Without floats orjson's sorted compact encoding is the canonical bytes: the same string
+    escapes for every code point, keys sorted by code point (UTF-8 bytes sort the same way).
+    What orjson refuses (integers beyond 64 bits, lone surrogates, deep nesting) goes to
+    :func:`object_digest`, which encodes (or fails) as before.
+    """
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return object_digest(value)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _short(value: Any, size: int = 32) -> str:
@@ -192,9 +208,15 @@ class Materializer:
         refs = [ids[key] for key in draft.refs if key in ids]
         if refs:
             body["evidence_refs"] = refs
-        hashed = {k: v for k, v in body.items() if k not in ("object_hash", "created_at")}
-        hashed["source_id"] = source["id"]
-        object_hash = object_digest(hashed)
+        # The body has no object_hash or created_at yet: the hashed object is the body with
+        # its source named by id.
+        hashed = dict(body, source_id=source["id"])
+        # Only session metadata (a record's own values) can hold a float; every other part
+        # of the body is strings, integers, booleans and nulls.
+        if draft.session_metadata is None:
+            object_hash = floatless_digest(hashed)
+        else:
+            object_hash = object_digest(hashed)
         body["object_hash"] = object_hash
         return EntryRow(
             id=ids[draft.key],
@@ -240,15 +262,24 @@ class Materializer:
             return self._put(
                 result.text.encode("utf-8"), content.media_type, result.redacted, draft, scope
             )
-        original = _dumps(content.value)
+        encoded = _COMPACT.encode(content.value)
+        original = encoded.encode("utf-8")  # (a lone surrogate fails here, as it always did)
         if omit:
             return _omitted(original, content.media_type, digest_scope)
-        return self._store_json(content.value, draft, scope)
+        return self._store_json(content.value, draft, scope, encoded)
 
     def _store_json(
-        self, value: Any, draft: Draft | None = None, scope: str = CURRENT
+        self,
+        value: Any,
+        draft: Draft | None = None,
+        scope: str = CURRENT,
+        encoded: str | None = None,
     ) -> dict[str, Any]:
-        text = self.redactor.json_text(value, _dumps(value).decode("utf-8"))
+        """Store ``value`` as redacted JSON; ``encoded`` is its compact encoding when the
+        caller has it already (``_dumps(value).decode()``: the same text)."""
+        if encoded is None:
+            encoded = _dumps(value).decode("utf-8")
+        text = self.redactor.json_text(value, encoded)
         return self._put(text.text.encode("utf-8"), "application/json", text.redacted, draft, scope)
 
     def _put(

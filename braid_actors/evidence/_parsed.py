@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any, Final
 
 import attrs
+import orjson
 
 MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 """A physical line longer than this is ``failed`` (``line_too_long``) and not decoded."""
@@ -84,6 +85,8 @@ def split_lines(data: bytes) -> LineSplit:
     position = 0
     number = 0
     size = len(data)
+    runs = long_digit_runs(data)
+    run = 0  # index of the first run not before ``position``
     while position < size:
         newline = data.find(b"\n", position)
         number += 1
@@ -93,18 +96,56 @@ def split_lines(data: bytes) -> LineSplit:
                 deferred = Line(number, position, size, raw, None, "incomplete_line")
             break
         raw = data[position:newline]
-        if raw.strip():
-            lines.append(_decode(number, position, newline + 1, raw))
+        if (raw and raw[0] not in _SPACE) or raw.strip():  # not blank (without copying)
+            while run < len(runs) and runs[run] < position:
+                run += 1
+            plain = run < len(runs) and runs[run] < newline
+            lines.append(_decode(number, position, newline + 1, raw, plain))
         position = newline + 1
     end = deferred.start if deferred is not None else position
     return LineSplit(lines=tuple(lines), deferred=deferred, size=size, complete_end=end)
 
 
-def _decode(number: int, start: int, end: int, raw: bytes) -> Line:
+_SPACE: Final = frozenset(b" \t\n\r\x0b\x0c")
+"""The bytes ``bytes.strip`` removes."""
+_DIGITS: Final = bytes.maketrans(b"123456789", b"000000000")
+_RUN: Final = b"0" * 19
+"""19 digits in a row: an integer literal orjson could read outside 64 bits (as a float)."""
+
+
+def long_digit_runs(data: bytes) -> list[int]:
+    """Offsets where 19 digits in a row start (overlapping runs included)."""
+    marked = data.translate(_DIGITS)  # every digit becomes "0", nothing else does
+    out: list[int] = []
+    found = marked.find(_RUN)
+    while found >= 0:
+        out.append(found)
+        found = marked.find(_RUN, found + 1)
+    return out
+
+
+def loads(raw: bytes, plain: bool = False) -> Any:
+    """``json.loads(raw)``, by ``orjson.loads`` where that gives the same value.
+
+    orjson refuses everything json refuses here (and more: lone surrogates, NaN, a BOM,
+    out-of-range floats), so whatever it refuses goes to json, which decides. What it
+    accepts it reads as json does, except integers beyond 64 bits (floats in orjson); every
+    such literal has 19 digits in a row, so ``plain`` (the caller found 19 digits in a row
+    somewhere in ``raw``, also inside a string) sends ``raw`` to json directly.
+    """
+    if not plain:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+def _decode(number: int, start: int, end: int, raw: bytes, plain: bool) -> Line:
     if len(raw) > MAX_LINE_BYTES:
         return Line(number, start, end, raw, None, "line_too_long")
     try:
-        obj = json.loads(raw)
+        obj = loads(raw, plain)
     except ValueError:
         return Line(number, start, end, raw, None, "malformed_json")
     if not isinstance(obj, dict):
@@ -252,7 +293,10 @@ class Outcome:
     """Per session key: token usage with repeated reports counted once."""
 
     def stat(self, session: str, name: str, amount: int = 1) -> None:
-        self.stats.setdefault(session, Counter())[name] += amount
+        counts = self.stats.get(session)  # (setdefault would build a Counter per call)
+        if counts is None:
+            counts = self.stats[session] = Counter()
+        counts[name] += amount
 
     def issue(
         self, code: str, line: int | None, session: str | None, field: str | None = None

@@ -128,10 +128,15 @@ class _Rule:
         """
         if self.hint is None:
             return True
+        if not self.fold:
+            # Case-sensitive: ``in`` for one literal; for several, the hint regex finds any
+            # of them in one pass (the same answer, several times faster than one ``in`` each).
+            if len(self.literals) == 1:
+                return self.literals[0] in value
+            return self.hint.search(value) is not None
         if lowered is None:
             return self.hint.search(value) is not None
-        haystack = lowered if self.fold else value
-        return any(literal in haystack for literal in self.literals)
+        return any(literal in lowered for literal in self.literals)
 
     def substitute(self, value: str) -> tuple[str, int]:
         marker = f"[REDACTED:{self.kind}]"
