@@ -106,6 +106,8 @@ class RunsSupervisor:
         self._idle = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._accepting = True
+        self._admitting = trio.Lock()
+        """Held by an admission pass: the loop's and a drain's never overlap."""
         admission.listeners.append(self._committed)
 
     @property
@@ -216,8 +218,9 @@ class RunsSupervisor:
             task_status.started(self)
             while True:
                 self._wake = trio.Event()
-                if self._accepting:
-                    await self._admit_ready()
+                async with self._admitting:
+                    if self._accepting:
+                        await self._admit_ready()
                 await self._wake.wait()
 
     async def _reconcile(self) -> None:
@@ -269,8 +272,16 @@ class RunsSupervisor:
         return list(self.actors)
 
     async def stop(self, *, drain: bool, grace: float) -> None:
-        """Stop admitting; let active runs finish within ``grace`` (drain), then cancel."""
-        self._accepting = False
+        """Stop admitting; let active runs finish within ``grace`` (drain), then cancel.
+
+        A drain first admits what is admissible right now: a turn accepted just before the
+        request would otherwise stay queued only because the admission pass its commit
+        triggered had not run yet (a race of a few milliseconds, the commit floor's).
+        """
+        async with self._admitting:
+            if drain and self._accepting:
+                await self._admit_ready()
+            self._accepting = False
         if drain:
             with trio.move_on_after(grace):
                 await self._wait_idle()
