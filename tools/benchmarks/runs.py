@@ -22,6 +22,7 @@ import contextlib
 import functools
 import gc
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -193,6 +194,7 @@ async def concurrent(
     finally:
         RunsSupervisor.record = original  # type: ignore[method-assign]
         gc.callbacks.remove(gc_clock)
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "gc_share": (gc1 - gc0) / (w1 - w0),
         "gc_longest_ms": gc_clock.longest * 1000,
@@ -346,19 +348,22 @@ async def restart(events: int, active: int) -> dict[str, Any]:
     built = time.perf_counter() - t0
     with Journal.open(home, load_or_create_key(home, {}), readonly=True) as journal:
         total = journal.last_seq
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        app: BraidApp = await nursery.start(functools.partial(open_app, home, env={}))
-        with trio.fail_after(600):
-            while any(not graph.is_terminal(r.state) for r in app.state.runs.values()):
-                await app.changed()
-        elapsed = time.perf_counter() - start
-        states = {
-            f"{r.state} ({r.outcome.reason if r.outcome else None})"
-            for r in app.state.runs.values()
-        }
-        await app.shutdown(drain=False, grace=5)
-        nursery.cancel_scope.cancel()
+    try:
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            app: BraidApp = await nursery.start(functools.partial(open_app, home, env={}))
+            with trio.fail_after(600):
+                while any(not graph.is_terminal(r.state) for r in app.state.runs.values()):
+                    await app.changed()
+            elapsed = time.perf_counter() - start
+            states = {
+                f"{r.state} ({r.outcome.reason if r.outcome else None})"
+                for r in app.state.runs.values()
+            }
+            await app.shutdown(drain=False, grace=5)
+            nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(home.parent, ignore_errors=True)
     return {
         "events": total,
         "active": active,
