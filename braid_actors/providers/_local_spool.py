@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -66,6 +66,10 @@ def read_spool(path: Path) -> list[dict[str, Any]]:
     return [decode_message(line, number=n + 1) for n, line in enumerate(lines[:-1]) if line]
 
 
+_PART_PREFIX: Final = b'{"type":"part",'
+"""How ``encode_message`` starts a ``part`` message (its ``type`` key comes first)."""
+
+
 @attrs.define(eq=False)
 class SpoolSource:
     """Stands in for a :class:`WorkerProcess` of a worker this process did not spawn."""
@@ -84,13 +88,23 @@ class SpoolSource:
     def _alive(self) -> bool:
         return recognise(self.info.pid, self.info.create_time, self.info.pgid)
 
-    def buffered(self) -> dict[str, Any] | None:
-        """A message already read from the spool, without waiting (replay is not timed)."""
+    def buffered(self, skip_part: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+        """A message already read from the spool, without waiting (replay is not timed).
+
+        With ``skip_part``, a part line it says the journal already holds is passed over
+        without being decoded: a restart replays every spool from its start, and the
+        parts before the committed cursor are most of it (and were checked when first
+        received). Only lines the worker's own encoder starts with ``_PART_PREFIX`` are
+        candidates; anything else is decoded as usual.
+        """
         while (nl := self._buffer.find(b"\n", self._pos)) >= 0:
             line, self._pos = self._buffer[self._pos : nl], nl + 1
             self._lines += 1
-            if line:
-                return decode_message(line, number=self._lines)
+            if not line:
+                continue
+            if skip_part is not None and line.startswith(_PART_PREFIX) and skip_part():
+                continue
+            return decode_message(line, number=self._lines)
         return None
 
     def _append(self, chunk: bytes) -> None:

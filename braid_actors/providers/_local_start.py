@@ -3,6 +3,8 @@ portable context it copied (exactly what the worker's own translation keeps)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from braid_actors.model import (
@@ -11,7 +13,7 @@ from braid_actors.model import (
     ContextTransformation,
     TextPart,
 )
-from braid_actors.workers import native_text, unstructure_part
+from braid_actors.workers import LOCAL_WORKER_MODULE, native_text, unstructure_part
 
 if TYPE_CHECKING:
     from braid_actors.providers._port import PortableContext, TurnRequest
@@ -81,3 +83,13 @@ def context_receipt(context: PortableContext, session_id: str) -> ContextTransfe
         destination_runner="local",
         destination_session_id=session_id,
     )
+
+
+@functools.cache
+def worker_module_found() -> bool:
+    """Whether the worker program's module can be imported (asked once per process).
+
+    Asked for every run (a restart asks for each run it reconciles), and a module lookup
+    walks the import path: the answer cannot change while this package is loaded.
+    """
+    return importlib.util.find_spec(LOCAL_WORKER_MODULE) is not None

@@ -15,7 +15,6 @@ group is gone before the cancellation propagates. The protocol is ``docs/local-r
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -31,7 +30,11 @@ from braid_actors.model import (
 from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
-from braid_actors.providers._local_start import context_receipt, start_message
+from braid_actors.providers._local_start import (
+    context_receipt,
+    start_message,
+    worker_module_found,
+)
 from braid_actors.providers._port import (
     Capabilities,
     InteractionAnswer,
@@ -49,7 +52,6 @@ from braid_actors.providers._port import (
     fork_refusal,
 )
 from braid_actors.workers import (
-    LOCAL_WORKER_MODULE,
     PROTOCOL_VERSION,
     ProcessInfo,
     SessionFileError,
@@ -133,9 +135,7 @@ class LocalProvider:
 
     def available(self) -> bool:
         """True when the interpreter exists and can find the worker program."""
-        return (
-            Path(self.python).exists() and importlib.util.find_spec(LOCAL_WORKER_MODULE) is not None
-        )
+        return Path(self.python).exists() and worker_module_found()
 
     async def run_turn(
         self, request: TurnRequest, sink: RunSink, control: RunControl | None = None
@@ -387,7 +387,9 @@ class _Turn:
     def _buffered(self) -> dict[str, Any] | None:
         """The next message a replayed spool already holds, if any (no waiting)."""
         if isinstance(self.worker, SpoolSource):
-            return self.worker.buffered()
+            sink = self.sink
+            skip = sink.skip_part if isinstance(sink, QuietSink) and self.session else None
+            return self.worker.buffered(skip)
         return None
 
     async def _receive(self, seconds: float) -> dict[str, Any] | None:
