@@ -9,6 +9,7 @@ a tick separates them.
 
 from __future__ import annotations
 
+import os
 from typing import Final, Literal
 
 import attrs
@@ -41,6 +42,16 @@ def find_process(key: ProcessKey) -> psutil.Process | None:
     """The psutil handle of ``key``'s process, or ``None`` when it is gone, its pid was
     reused, or its creation time cannot be read (then it cannot be told apart from another
     process, so nothing may act on it). A zombie is still found: it exists until reaped."""
+    if key.pid <= 0:
+        return None  # 0 and negative numbers name process groups, never one process
+    try:
+        # Signal 0 checks that the pid exists at all: one syscall, where psutil reads /proc
+        # twice. A restart asks this several times for each of its runs' dead workers.
+        os.kill(key.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # it exists (another user's): psutil decides below
     try:
         proc = psutil.Process(key.pid)
         start = float(proc.create_time())
