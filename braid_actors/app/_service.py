@@ -306,7 +306,7 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 Every provider event replaces a run's and a message's entities, which then live until that
 run's next event (~100 ms at 10 events/s): with a young generation of 700 allocations they
-survived into the old generation and made full passes frequent (19% of the event loop at
+survived into the old generation and made full passes frequent (19% of wall time at
 500 streaming runs, passes up to 87 ms). With 10,000 most die young."""
 
 

@@ -1,11 +1,12 @@
 """One long-lived thread for the journal actor's database writes.
 
 ``trio.to_thread`` hands each call to a cached thread, and a thread goes back to the cache
-only after it has delivered its result. Under load the actor asks for the next commit in
-the very pass that receives the previous one, before that thread is idle again, so the
-cache starts a new thread (tens of microseconds, plus naming it) for a good share of
-commits. The actor's writes are sequential by design (one writer), so one thread that lives
-as long as the actor does them all, and the event loop only posts a job and is woken once.
+only after it has delivered its result. Under load the actor can ask for the next commit
+in the very pass that receives the previous one, before that thread is idle again, and the
+cache then starts (and names) a new thread; profiles of the event loop showed thread
+starts on the commit path. The actor's writes are sequential by design (one writer), so
+one thread that lives as long as the actor does them all, and the event loop only posts a
+job and is woken once.
 """
 
 from __future__ import annotations

@@ -40,10 +40,6 @@ class Quiet:
     """The protocol input; None when the channel has none (then there is no quiet wait)."""
     _poll: select.poll | None = None
 
-    def watch_input(self, fd: int | None) -> None:
-        self.input_fd = fd
-        self._poll = None
-
     def wait_until(self, deadline: float) -> bool:
         """Block until ``deadline`` (trio clock); ``True`` if it came with nothing to read."""
         if self.input_fd is None:
@@ -67,8 +63,10 @@ class Quiet:
 
 
 @contextlib.contextmanager
-def catching_sigterm() -> Iterator[Quiet]:
-    """Install the SIGTERM handler for the block; restore the previous one after."""
+def catching_sigterm(input_fd: int | None) -> Iterator[Quiet]:
+    """Install the SIGTERM handler for the block; restore the previous one after.
+
+    The :class:`Quiet` it yields watches ``input_fd`` (the protocol input) and the pipe."""
     read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def _handler(signum: int, frame: FrameType | None) -> None:
@@ -77,7 +75,7 @@ def catching_sigterm() -> Iterator[Quiet]:
 
     previous = signal.signal(signal.SIGTERM, _handler)
     try:
-        yield Quiet(signal_fd=read_fd)
+        yield Quiet(signal_fd=read_fd, input_fd=input_fd)
     finally:
         signal.signal(signal.SIGTERM, previous)
         os.close(read_fd)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from braid_actors.model import TextPart
 from braid_actors.workers import encode_message
+from braid_actors.workers._reply import text_part_line
 from braid_actors.workers._wire import unstructure_part
-from braid_actors.workers.local import _text_part_line
 from tests.workers.test_local_worker import local_worker, of_type, start, until_done
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ SLOW_STREAM = "?stream 60 0.2"
 def test_the_spliced_line_is_the_encoded_part(part_id: str, dots: int) -> None:
     """The hot path's line (head + text + tail) is byte for byte ``encode_message``."""
     text = "Streaming" + "." * dots
-    head, tail = _text_part_line(part_id)
+    head, tail = text_part_line(part_id)
     part = unstructure_part(TextPart(part_id=part_id, text=text))
     assert head + text.encode("ascii") + tail == encode_message({"type": "part", "part": part})
 
