@@ -33,9 +33,8 @@ from braid_actors.evidence._http import load_spec
 
 from ._helpers import FIXTURES
 
-SPEC_PATH = (
-    Path(__file__).resolve().parents[3] / "shared" / "spec" / ("agentprovenance-context-api.yaml")
-)
+# Found where the fixtures are (``shared/`` beside the checkout, or ``$BRAID_SHARED``).
+SPEC_PATH = FIXTURES.parents[1] / "spec" / "agentprovenance-context-api.yaml"
 SPEC: dict[str, Any] = yaml.safe_load(SPEC_PATH.read_text(encoding="utf-8"))
 CLAUDE = FIXTURES / "claude-code" / "marot__spotter" / "test" / "fixtures" / "transcripts"
 CODEX = FIXTURES / "codex" / "lanegrid__agtrace" / "crates" / "agtrace-providers" / "tests"
@@ -381,7 +380,4 @@ def test_shipped_spec_is_the_shared_contract() -> None:
     """The package's copy of the OpenAPI document is byte-identical to shared/spec."""
     from braid_actors.evidence._http import default_spec_path
 
-    from ._helpers import FIXTURES
-
-    shared = FIXTURES.parents[1] / "spec" / "agentprovenance-context-api.yaml"
-    assert default_spec_path().read_bytes() == shared.read_bytes()
+    assert default_spec_path().read_bytes() == SPEC_PATH.read_bytes()
