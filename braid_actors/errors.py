@@ -164,6 +164,12 @@ class JournalClosed(JournalError):
     code = "journal_closed"
 
 
+class JournalTimeout(JournalError):
+    """The journal did not answer a request in time; its outcome is unknown."""
+
+    code = "journal_timeout"
+
+
 # ---- runtime ---------------------------------------------------------------------------
 
 
@@ -414,6 +420,7 @@ __all__ = [
     "JournalCorrupt",
     "JournalError",
     "JournalKeyError",
+    "JournalTimeout",
     "LineTooLong",
     "MalformedJson",
     "MissingBoundary",

@@ -45,6 +45,7 @@ from braid_actors.model import (
 from braid_actors.providers import ClaudeCodeProvider, CodexProvider, LocalProvider, Provider
 from braid_actors.supervisor import (
     DEFAULT_OBSERVE_INTERVAL,
+    RECORD_DEADLINE,
     ChildSpec,
     RunsSupervisor,
     SupervisorHandle,
@@ -127,6 +128,7 @@ async def journal_service(
                     admission=admission,
                     snapshot_every=SNAPSHOT_EVERY,
                     commit_interval=COMMIT_INTERVAL,
+                    answer_within=RECORD_DEADLINE,
                 )
             )
             service = JournalService(journal, handle, admission)

@@ -52,6 +52,10 @@ admission on the trio thread right after a commit (the graph's is a copy whose c
 is gathered a few pieces at a time between commits), encrypted in a thread while commits go
 on, and written by the actor between two batches.
 
+Deadline: with ``answer_within``, a watchdog task answers any request still unanswered that
+long after it was made with :class:`JournalTimeout` (see ``_request``); a producer may also
+ask for a *shielded* wait, which a cancellation does not interrupt.
+
 Shutdown: :meth:`JournalHandle.aclose` stops accepting (later appends get
 :class:`JournalClosed`; senders blocked on a full channel get it too), commits and
 acknowledges everything already queued, then the actor returns.
@@ -78,6 +82,7 @@ from braid_actors.errors import (
 
 from ._encoding import PreparedAppend, prepare_append
 from ._records import AppendResult, CommittedRecord, NewRecord, Operation
+from ._request import AnswerDeadlines, Request
 from ._store import Journal
 from ._thread import WriterThread
 
@@ -122,44 +127,6 @@ class _NoAdmission:
         return None
 
 
-class _Request:
-    """One append waiting for its own answer.
-
-    The producer parks on the request itself (what ``trio.Event.wait`` does, without the
-    event's task set): this is the hottest path of the journal, once per append.
-    """
-
-    __slots__ = ("_task", "outcome", "prepared")
-
-    def __init__(self, prepared: PreparedAppend) -> None:
-        self.prepared = prepared
-        self.outcome: AppendResult | BraidError | None = None
-        self._task: trio.lowlevel.Task | None = None
-
-    def answer(self, outcome: AppendResult | BraidError) -> None:
-        """Give the answer (the first one wins) and wake the producer if it is parked."""
-        if self.outcome is None:
-            self.outcome = outcome
-            task, self._task = self._task, None
-            if task is not None:
-                trio.lowlevel.reschedule(task)
-
-    async def wait(self) -> AppendResult | BraidError:
-        """Park until answered; cancelling the wait leaves the request queued."""
-        if self.outcome is None:
-            self._task = trio.lowlevel.current_task()
-
-            def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-                self._task = None
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        assert self.outcome is not None
-        return self.outcome
-
-
 _WRITE, _DUP_BATCH, _DUP_RECORDED, _REFUSED = range(4)
 
 
@@ -169,7 +136,7 @@ class _Plan:
 
     writes: list[PreparedAppend] = attrs.Factory(list)
     lookups: set[str] = attrs.Factory(set)
-    items: list[tuple[_Request, int, Any]] = attrs.Factory(list)
+    items: list[tuple[Request, int, Any]] = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -190,14 +157,15 @@ class _Actor:
     stopped: trio.Event = attrs.Factory(trio.Event)
     writer: trio.Lock = attrs.Factory(trio.Lock)
     snapshotting: bool = False
-    inflight: list[_Request] = attrs.Factory(list)
+    inflight: list[Request] = attrs.Factory(list)
     head_dirty: trio.Event = attrs.Factory(trio.Event)
     last_commit_at: float = float("-inf")
+    deadlines: AnswerDeadlines | None = None
     thread: WriterThread = attrs.Factory(lambda: WriterThread("braid-journal-writer"))
     """Commits and snapshot writes (sealing snapshots and head writes use trio's threads)."""
 
     async def serve(
-        self, receive: trio.MemoryReceiveChannel[_Request], nursery: trio.Nursery
+        self, receive: trio.MemoryReceiveChannel[Request], nursery: trio.Nursery
     ) -> None:
         while True:
             try:
@@ -222,9 +190,9 @@ class _Actor:
             await self._process(batch, nursery)
             self.inflight = []
 
-    def _plan(self, batch: list[_Request]) -> _Plan:
+    def _plan(self, batch: list[Request]) -> _Plan:
         plan = _Plan()
-        staged: dict[str, tuple[str, _Request]] = {}  # op_id -> (digest, request) of this batch
+        staged: dict[str, tuple[str, Request]] = {}  # op_id -> (digest, request) of this batch
         for req in batch:
             op = req.prepared.operation
             if op is not None:
@@ -266,7 +234,7 @@ class _Actor:
         committed = self.journal.commit_prepared(writes, sync_head=False) if writes else []
         return committed, recorded
 
-    async def _process(self, batch: list[_Request], nursery: trio.Nursery) -> None:
+    async def _process(self, batch: list[Request], nursery: trio.Nursery) -> None:
         try:
             plan = self._plan(batch)
         except BaseException:
@@ -352,6 +320,8 @@ class _Actor:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._checkpoint_loop)
                 nursery.start_soon(self._head_loop)
+                if self.deadlines is not None:
+                    nursery.start_soon(self.deadlines.watch)
 
     async def _checkpoint_loop(self) -> None:
         while True:
@@ -368,7 +338,7 @@ class _Actor:
             # into the next write (the head may trail the database; see the module note).
             await trio.sleep_until(began + self.head_interval)
 
-    def abandon(self, receive: trio.MemoryReceiveChannel[_Request]) -> None:
+    def abandon(self, receive: trio.MemoryReceiveChannel[Request]) -> None:
         """Answer every request that will never be written, then close the channels."""
         self.closing = True
         for req in self.inflight:
@@ -386,7 +356,7 @@ class _Actor:
 
 
 def _answer(
-    req: _Request,
+    req: Request,
     kind: int,
     arg: Any,
     committed: list[list[CommittedRecord]],
@@ -404,7 +374,7 @@ def _answer(
     return arg
 
 
-def _fail(batch: list[_Request], why: str) -> None:
+def _fail(batch: list[Request], why: str) -> None:
     for req in batch:
         req.answer(JournalError(f"{why}; its outcome is unknown and the journal stopped"))
 
@@ -413,7 +383,7 @@ def _fail(batch: list[_Request], why: str) -> None:
 class JournalHandle:
     """What producers hold: append, subscribe, and shut the journal actor down."""
 
-    _send: trio.MemorySendChannel[_Request]
+    _send: trio.MemorySendChannel[Request]
     _actor: _Actor
 
     @property
@@ -422,12 +392,22 @@ class JournalHandle:
         return self._actor.last_seq
 
     @property
+    def answer_within(self) -> float | None:
+        """The journal's answer deadline in seconds (see :func:`run_journal`), if any."""
+        d = self._actor.deadlines
+        return None if d is None else d.within
+
+    @property
     def closed(self) -> bool:
         """True once the journal stopped accepting appends."""
         return self._actor.closing
 
     async def append(
-        self, records: Sequence[NewRecord], operation: Operation | None = None
+        self,
+        records: Sequence[NewRecord],
+        operation: Operation | None = None,
+        *,
+        shielded: bool = False,
     ) -> AppendResult:
         """Append ``records`` (atomically) and return once the commit holding them is durable.
 
@@ -436,12 +416,18 @@ class JournalHandle:
         :class:`BadRequest` when a payload is not JSON-compatible, :class:`JournalClosed` once
         the journal stopped accepting appends, and :class:`JournalError` when the write failed
         (the outcome is then unknown). A producer cancelled after sending does not withdraw
-        its request.
+        its request; with ``shielded`` the wait itself is not cancellable (the answer is
+        returned, and the cancellation is delivered at the producer's next checkpoint). With
+        the journal's ``answer_within``, :class:`JournalTimeout` is raised when no answer came
+        in that time (the outcome is then unknown).
         """
         if self._actor.closing:
             raise JournalClosed("the journal is shutting down and accepts no appends")
-        request = _Request(prepare_append(records, operation))
+        request = Request(prepare_append(records, operation), shielded=shielded)
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled producer sends nothing
+        deadlines = self._actor.deadlines
+        if deadlines is not None:
+            deadlines.add(request)  # before the send: a send blocked on a full queue counts
         try:
             try:
                 # fast path: queue without yielding; the wait below is this call's checkpoint
@@ -525,6 +511,7 @@ async def run_journal(
     snapshot_every: int | None = None,
     commit_interval: float = 0.001,
     head_interval: float = 0.02,
+    answer_within: float | None = None,
     task_status: trio.TaskStatus[JournalHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the journal actor; start it with ``await nursery.start(run_journal, journal)``.
@@ -536,12 +523,15 @@ async def run_journal(
     the previous snapshot. ``commit_interval`` is the least time between two commits (a
     request arriving sooner waits for the rest of it, with every other such request: a
     commit per interval under load, none delayed when isolated); ``head_interval`` the
-    least time between two head writes.
+    least time between two head writes. With ``answer_within`` (seconds), a request not
+    answered that long after it was made is answered with :class:`JournalTimeout`.
     """
     if capacity < 0 or max_batch < 1 or checkpoint_interval <= 0:
         raise ValueError("capacity >= 0, max_batch >= 1 and checkpoint_interval > 0 are required")
     if commit_interval < 0 or head_interval < 0:
         raise ValueError("commit_interval and head_interval must not be negative")
+    if answer_within is not None and not answer_within > 0:
+        raise ValueError("answer_within must be positive")
     snapshots: SnapshottingAdmission | None = None
     if snapshot_every is not None:
         if snapshot_every < 1:
@@ -562,8 +552,9 @@ async def run_journal(
         ledger=ledger,
         last_seq=journal.last_seq,
         last_snapshot_seq=journal.last_seq,
+        deadlines=None if answer_within is None else AnswerDeadlines(answer_within),
     )
-    send, receive = trio.open_memory_channel[_Request](capacity)
+    send, receive = trio.open_memory_channel[Request](capacity)
     handle = JournalHandle(send, actor)
     try:
         with actor.thread.running():

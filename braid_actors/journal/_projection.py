@@ -8,6 +8,16 @@ same events into the *read model*, which is the only state readers see: nothing 
 visible before it is durable. Both are folds of the same events, so they agree once the
 journal has caught up.
 
+The write model folds each event with the sequence number it will be committed under: the
+journal numbers the records of its accepted requests consecutively, in the order they were
+admitted, so it is the last staged sequence plus the record's position. The only thing a
+sequence number changes in the graph is a run's ``events.last_seq``, so the two models then
+hold equal entities. A part update (a provider's stream: most events) is therefore not
+folded a second time: ``committed`` installs the message and run the write model produced,
+when the record's actual sequence is the one they were folded under (any other event, or a
+mismatch, is folded as usual). The journal actor admits the next batch only after this one
+was folded into the read model, so the write model then holds nothing newer than this batch.
+
 A request carries at most one graph event (plus any application records), so a refusal
 never leaves half a request in the write model.
 """
@@ -21,7 +31,7 @@ from braid_actors.errors import BadRequest, JournalCorrupt
 from braid_actors.graph import GraphState
 from braid_actors.journal._encoding import canonical_bytes
 from braid_actors.journal._records import CommittedRecord, NewRecord
-from braid_actors.model import EVENT_TYPES, Event, converter
+from braid_actors.model import EVENT_TYPES, Event, Message, Run, RunPartUpdated, converter
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,8 +55,11 @@ class _EventData(dict[str, Any]):
     event is folded twice without being structured back from JSON twice (the hot path).
     """
 
-    __slots__ = ("event",)
+    __slots__ = ("event", "folded")
     event: Event
+    folded: tuple[int, Message, Run] | None
+    """A part update's message and run as the write model folded them, and under which
+    sequence number (see the module note)."""
 
 
 def event_to_record(event: Event) -> NewRecord:
@@ -54,6 +67,7 @@ def event_to_record(event: Event) -> NewRecord:
     data = _EventData(converter().unstructure(event))
     del data["type"]
     data.event = event
+    data.folded = None
     return NewRecord(stream=event.stream, type=event.type, data=data)
 
 
@@ -90,6 +104,8 @@ class GraphAdmission:
         entity of the graph (0: never decline). A snapshot encodes every entity, a restart
         replays the tail: this bounds both to the same order (see ``snapshot``)."""
         self._snapshot_seq = seq
+        self._staged_seq = seq
+        """Sequence number the last record admitted into the write model will have."""
 
     @classmethod
     def load(cls, journal: Journal) -> GraphAdmission:
@@ -116,6 +132,7 @@ class GraphAdmission:
                     details={"seq": record.seq},
                 )
             self.seq = record.seq
+        self._staged_seq = self.seq
 
     # ---- the journal actor's Admission protocol ----------------------------------------
 
@@ -130,14 +147,37 @@ class GraphAdmission:
             raise BadRequest("unknown journal record type", details={"types": unknown})
         if len(graph_records) > 1:
             raise BadRequest("an append carries at most one graph event")
-        for record in graph_records:
-            graph.apply(self._write, _event_of(record.type, record.data))
+        seq = self._staged_seq
+        write = self._write
+        for record in records:
+            seq += 1
+            if is_graph_record(record.type):
+                data = record.data
+                event = _event_of(record.type, data)
+                graph.apply(write, event, seq)
+                if type(event) is RunPartUpdated and type(data) is _EventData:
+                    data.folded = (seq, write.messages[event.message_id], write.runs[event.run_id])
+        self._staged_seq = seq
 
     def committed(self, records: Sequence[CommittedRecord]) -> None:
+        read = self.read
         for record in records:
+            data = record.data
+            if isinstance(data, _EventData) and (folded := data.folded) is not None:
+                data.folded = None
+                if folded[0] == record.seq:
+                    # the write model's fold of this very record (see the module note)
+                    event = data.event
+                    assert isinstance(event, RunPartUpdated)
+                    read.messages[event.message_id] = folded[1]
+                    read.runs[event.run_id] = folded[2]
+                    read.events += 1
+                    self.seq = record.seq
+                    continue
             if is_graph_record(record.type):
-                graph.apply(self.read, _event_of(record.type, record.data), record.seq)
+                graph.apply(read, _event_of(record.type, data), record.seq)
             self.seq = record.seq
+        self._staged_seq = max(self._staged_seq, self.seq)
         for listener in list(self.listeners):
             listener(records)
 

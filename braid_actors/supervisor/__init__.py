@@ -12,6 +12,7 @@ from braid_actors.supervisor._mailbox import ActorRef, Delivery, Mailbox, serve_
 from braid_actors.supervisor._run_actor import RunActor
 from braid_actors.supervisor._runs import (
     DEFAULT_OBSERVE_INTERVAL,
+    RECORD_DEADLINE,
     RunsSupervisor,
     commit,
     utc_now,
@@ -21,6 +22,7 @@ from braid_actors.supervisor._sink import JournalSink, PendingInteraction
 __all__ = [
     "DEFAULT_OBSERVE_INTERVAL",
     "DEFAULT_SHUTDOWN_GRACE",
+    "RECORD_DEADLINE",
     "ActorRef",
     "ChildSpec",
     "Delivery",

@@ -298,15 +298,13 @@ class TreeObserver:
         sample)."""
         by_pid = {k.pid: k for k, m in self._members.items() if not m.zombie}
         known = {k.pid for k in self._members}
-        children: dict[int, list[int]] = {}
-        for pid, ppid in self.table.parents().items():
-            children.setdefault(ppid, []).append(pid)
+        children = self.table.children()
         found: list[ProcessSnapshot] = []
         queue = list(by_pid)
         while queue:
             parent_pid = queue.pop(0)
             parent = by_pid[parent_pid]
-            for pid in sorted(children.get(parent_pid, ())):
+            for pid in children.get(parent_pid, ()):
                 if pid in known:
                     continue
                 member = self._admit(pid, parent)

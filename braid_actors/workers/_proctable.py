@@ -53,6 +53,7 @@ class ProcessTable:
         self._read = read or read_parent_ids
         self._lock = threading.Lock()
         self._table: Mapping[int, int] | None = None
+        self._children: dict[int, tuple[int, ...]] | None = None
         self._read_at = 0.0
         self.reads = 0
         """How many times the system's table was actually read (for tests and benchmarks)."""
@@ -60,12 +61,29 @@ class ProcessTable:
     def parents(self) -> Mapping[int, int]:
         """The shared table (do not modify it)."""
         with self._lock:
-            now = self._clock()
-            if self._table is None or self.max_age == 0 or now - self._read_at >= self.max_age:
-                self._table = self._read()
-                self._read_at = self._clock()
-                self.reads += 1
-            return self._table
+            return self._fresh()
+
+    def children(self) -> Mapping[int, tuple[int, ...]]:
+        """ppid → its children's pids in ascending order, from the same shared read (built
+        once per read: every observer needs it, and building it costs a pass over the
+        whole table)."""
+        with self._lock:
+            table = self._fresh()
+            if self._children is None:
+                grouped: dict[int, list[int]] = {}
+                for pid, ppid in table.items():
+                    grouped.setdefault(ppid, []).append(pid)
+                self._children = {ppid: tuple(sorted(pids)) for ppid, pids in grouped.items()}
+            return self._children
+
+    def _fresh(self) -> Mapping[int, int]:
+        now = self._clock()
+        if self._table is None or self.max_age == 0 or now - self._read_at >= self.max_age:
+            self._table = self._read()
+            self._children = None
+            self._read_at = self._clock()
+            self.reads += 1
+        return self._table
 
 
 def read_parent_ids() -> dict[int, int]:

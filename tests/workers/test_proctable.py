@@ -64,6 +64,22 @@ def test_a_table_is_read_once_per_max_age() -> None:
     assert table.reads == len(reads) == 2
 
 
+def test_children_are_grouped_once_per_read_in_pid_order() -> None:
+    clock = Clock()
+    tables = [{1: 0, 30: 1, 7: 1, 12: 7, 9: 1}, {1: 0, 5: 1}]
+
+    def read() -> dict[int, int]:
+        return tables.pop(0)
+
+    table = ProcessTable(2.0, clock=clock, read=read)
+    children = table.children()
+    assert children == {0: (1,), 1: (7, 9, 30), 7: (12,)}
+    assert table.children() is children  # the same read: not grouped again
+    clock.now += 2.1
+    assert table.children() == {0: (1,), 1: (5,)}  # a new read: grouped anew
+    assert table.reads == 2
+
+
 def test_max_age_zero_reads_every_time() -> None:
     table = ProcessTable(0.0)
     table.parents()
