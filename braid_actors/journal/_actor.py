@@ -267,6 +267,8 @@ class _Actor:
         finally:
             for req, kind, arg in plan.items:
                 req.answer(_answer(req, kind, arg, committed, recorded))
+            if self.deadlines is not None:
+                self.deadlines.prune()
             self._publish(records)
         self._maybe_snapshot(nursery)
 

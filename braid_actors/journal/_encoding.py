@@ -59,9 +59,24 @@ def encode_payload(value: Any, what: str) -> bytes:
         raise BadRequest(f"{what} is not JSON-compatible") from None
 
 
+class PreEncoded(dict[str, Any]):
+    """A record payload that may carry its canonical bytes already (``plaintext``).
+
+    Whoever builds it vouches that ``plaintext`` is the canonical JSON of the mapping and
+    that the mapping is not changed afterwards (``event_to_record`` for events that hold no
+    float). ``None``: encode it as any other payload.
+    """
+
+    __slots__ = ("plaintext",)
+    plaintext: bytes | None
+
+
 def _encode_data(rec: NewRecord) -> bytes:
+    data = rec.data
+    if isinstance(data, PreEncoded) and data.plaintext is not None:
+        return data.plaintext
     try:
-        return canonical_bytes(rec.data)
+        return canonical_bytes(data)
     except (TypeError, ValueError, RecursionError):
         raise BadRequest(
             f"the data of a {rec.type} record is not JSON-compatible", details={"type": rec.type}

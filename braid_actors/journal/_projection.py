@@ -24,14 +24,25 @@ never leaves half a request in the write model.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from braid_actors import graph
 from braid_actors.errors import BadRequest, JournalCorrupt
 from braid_actors.graph import GraphState
-from braid_actors.journal._encoding import canonical_bytes
+from braid_actors.journal._encoding import PreEncoded, canonical_bytes
 from braid_actors.journal._records import CommittedRecord, NewRecord
-from braid_actors.model import EVENT_TYPES, Event, Message, Run, RunPartUpdated, converter
+from braid_actors.model import (
+    EVENT_TYPES,
+    Event,
+    Message,
+    Run,
+    RunPartUpdated,
+    converter,
+    floatless,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -48,11 +59,12 @@ APP_RECORD_TYPES: frozenset[str] = frozenset(
 """Journal records that are not graph events but are part of the durable history."""
 
 
-class _EventData(dict[str, Any]):
+class _EventData(PreEncoded):
     """A record payload that remembers the event it was made from.
 
     The journal hands the very same mapping to ``admit`` and ``committed``, so the typed
-    event is folded twice without being structured back from JSON twice (the hot path).
+    event is folded without being structured back from JSON (the hot path). An event that
+    holds no float (``model.floatless``) carries its canonical bytes, written by orjson.
     """
 
     __slots__ = ("event", "folded")
@@ -68,6 +80,10 @@ def event_to_record(event: Event) -> NewRecord:
     del data["type"]
     data.event = event
     data.folded = None
+    data.plaintext = None
+    if floatless(event):
+        with contextlib.suppress(orjson.JSONEncodeError):  # beyond 64-bit ints, surrogates
+            data.plaintext = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     return NewRecord(stream=event.stream, type=event.type, data=data)
 
 

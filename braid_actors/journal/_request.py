@@ -88,6 +88,13 @@ class AnswerDeadlines:
         request.due = trio.current_time() + self.within
         self.pending.append(request)
 
+    def prune(self) -> None:
+        """Drop answered requests from the front (the actor calls it after each batch: an
+        answered request must not keep its records alive until the next watchdog tick)."""
+        pending = self.pending
+        while pending and pending[0].outcome is not None:
+            pending.popleft()
+
     def expire(self, now: float) -> int:
         """Answer every request due by ``now`` with :class:`JournalTimeout`; drop answered ones
         from the front. Returns how many timed out."""

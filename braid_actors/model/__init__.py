@@ -80,6 +80,7 @@ from braid_actors.model._events import (
     WorkerObserved,
     WorkerSpawned,
 )
+from braid_actors.model._floatless import floatless
 from braid_actors.model._ids import CountingIds, IdSource, has_prefix, new_id
 from braid_actors.model._parts import (
     PART_TYPES,
@@ -178,6 +179,7 @@ __all__ = [
     "converter",
     "digest",
     "digest_bytes",
+    "floatless",
     "format_time",
     "has_prefix",
     "is_digest",

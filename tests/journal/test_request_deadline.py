@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from braid_actors.errors import JournalTimeout
-from braid_actors.journal import AppendResult, JournalHandle, run_journal
+from braid_actors.journal import AppendResult, Journal, JournalHandle, run_journal
 from braid_actors.journal._request import AnswerDeadlines, Request
 
 from ._helpers import GatedJournal, rec
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-async def _start(nursery: trio.Nursery, journal: GatedJournal, **options: Any) -> JournalHandle:
+async def _start(nursery: trio.Nursery, journal: Journal, **options: Any) -> JournalHandle:
     handle: JournalHandle = await nursery.start(functools.partial(run_journal, journal, **options))
     return handle
 
@@ -102,6 +102,23 @@ async def test_answer_deadlines_expire_only_what_is_due() -> None:
     assert deadlines.expire(due.due) == 1
     assert isinstance(due.outcome, JournalTimeout)
     assert later.outcome is None and list(deadlines.pending) == [later]
+    deadlines.prune()
+    assert list(deadlines.pending) == [later]  # unanswered: kept
+    later.answer(AppendResult((), None, duplicate=False))
+    deadlines.prune()
+    assert not deadlines.pending
+
+
+async def test_answered_requests_are_let_go_after_each_batch(journal: Journal) -> None:
+    """The actor drops answered requests from the deadline queue after every batch, so a
+    busy journal does not keep every acknowledged request alive until the next tick."""
+    async with trio.open_nursery() as nursery:
+        handle = await _start(nursery, journal, answer_within=600.0)
+        for i in range(5):
+            await handle.append([rec(i)])
+        assert handle._actor.deadlines is not None
+        assert len(handle._actor.deadlines.pending) == 0
+        await handle.aclose()
 
 
 async def test_the_deadline_must_be_positive(home: Path, key: bytes) -> None:

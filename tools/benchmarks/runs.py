@@ -99,6 +99,17 @@ def _main_thread_cpu(me: psutil.Process) -> float:
     return sum(t.user_time + t.system_time for t in me.threads() if t.id == main)
 
 
+def _thread_cpu(me: psutil.Process) -> dict[str, float]:
+    """CPU seconds per thread name of this process (threads that ended are not listed)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in me.threads():
+        name = names.get(t.id, "other")
+        name = "trio threads" if name.startswith("Trio") else name
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
+
+
 def _idle_ready(app: BraidApp, run_id: str) -> bool:
     """The run is admitted, its worker started and its session reported: an idle run."""
     run = app.run(run_id)
@@ -185,10 +196,12 @@ async def concurrent(
             gc_clock.longest = 0.0
             cpu0, w0, gc0 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             loop0 = _main_thread_cpu(me)
+            threads0 = _thread_cpu(me)
             load0 = _cpu_of(workers)
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             loop1 = _main_thread_cpu(me)
+            threads1 = _thread_cpu(me)
             load1 = _cpu_of(workers)
             streaming = sum(1 for r in run_ids if app.run(r).events.count > 3)
             window = list(latencies)
@@ -218,6 +231,11 @@ async def concurrent(
         "commit_p99_ms": _pct(commit_window, 0.99) * 1000 if commit_window else float("nan"),
         "gc_longest_ms": gc_clock.longest * 1000,
         "loop_share": (loop1 - loop0) / (w1 - w0),
+        "thread_shares": {
+            name: (cpu - threads0.get(name, 0.0)) / (w1 - w0)
+            for name, cpu in sorted(threads1.items())
+            if name != threading.main_thread().name
+        },
         "runs": n_runs,
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
@@ -434,6 +452,8 @@ def main(argv: list[str]) -> int:
             f"the worker processes used {a['workers_cores']:.2f} of the "
             f"{os.cpu_count()} cores meanwhile"
         )
+        shares = ", ".join(f"{n} {v * 100:.1f}%" for n, v in a["thread_shares"].items())
+        print(f"    the other threads (share of one core): {shares}")
         print(
             f"    events committed {a['events_per_s']:,.0f}/s; event -> durable ack "
             f"p50 {a['p50_ms']:.2f} ms, p99 {a['p99_ms']:.2f} ms "
