@@ -40,8 +40,10 @@ from braid_actors.model import (
     Message,
     Run,
     RunPartUpdated,
+    TextPart,
     converter,
     floatless,
+    format_time,
 )
 
 if TYPE_CHECKING:
@@ -76,8 +78,20 @@ class _EventData(PreEncoded):
 
 def event_to_record(event: Event) -> NewRecord:
     """The journal form of a graph event: its stream, type and canonical fields."""
-    data = _EventData(converter().unstructure(event))
-    del data["type"]
+    if type(event) is RunPartUpdated and type(event.part) is TextPart:
+        # a stream's hot path, spelled out: what the converter gives (a test checks it)
+        part = event.part
+        data = _EventData(
+            conversation_id=event.conversation_id,
+            run_id=event.run_id,
+            message_id=event.message_id,
+            part={"part_id": part.part_id, "text": part.text, "kind": part.kind},
+            at=format_time(event.at),
+            cursor=event.cursor,
+        )
+    else:
+        data = _EventData(converter().unstructure(event))
+        del data["type"]
     data.event = event
     data.folded = None
     data.plaintext = None

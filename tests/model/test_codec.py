@@ -76,6 +76,18 @@ def test_times_are_utc_rfc3339_and_naive_is_refused() -> None:
         format_time(datetime(2026, 1, 1))
 
 
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31)))
+def test_a_utc_time_is_written_as_strftime_writes_it(naive: datetime) -> None:
+    """The hot path for UTC values gives what the plain strftime form gives (always six
+    digits of microseconds; years before 1000 as strftime writes them), and the same for
+    the same instant in another zone."""
+    plain = naive.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert format_time(naive.replace(tzinfo=UTC)) == plain
+    if naive.year < 9999:
+        other = naive.replace(tzinfo=UTC).astimezone(timezone(timedelta(hours=-3)))
+        assert format_time(other) == plain
+
+
 def test_every_part_kind_round_trips_through_the_union() -> None:
     """Each part kind structures back from its unstructured form via its kind tag."""
     conv = converter()
