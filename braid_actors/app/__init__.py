@@ -19,7 +19,7 @@ from braid_actors.app._service import (
     BraidApp,
     default_home,
     open_app,
-    settle_heap,
+    settle_process,
 )
 from braid_actors.app._views import conversation_view, graph_view, run_record
 from braid_actors.app._wire import camel, to_wire, wire
@@ -49,7 +49,7 @@ __all__ = [
     "parse",
     "parse_subscribe",
     "run_record",
-    "settle_heap",
+    "settle_process",
     "to_wire",
     "wire",
 ]

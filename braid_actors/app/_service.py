@@ -13,6 +13,7 @@ import functools
 import gc
 import os
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,11 @@ A commit costs ~200 us of CPU however few records it holds (the WAL's fsync, the
 transaction) and ~10 us per record, so under load a longer floor is most of what a record
 costs: at 5,000 events/s a 1 ms floor means ~1,000 commits/s (20% of a core), 4 ms ~250.
 An isolated request is still written at once; under load a record waits at most 4 ms more."""
+HEAD_INTERVAL = 0.1
+"""Least time between two writes of the journal's head (its loss detector; the journal's
+default is 20 ms). Each is a write and an fdatasync in a worker thread: at 50 a second
+they took 2.8% of a core (half of it in the kernel) at 500 streaming runs. The head
+trails the database by at most this much, which the journal tolerates by design."""
 DEFAULT_DRAIN_GRACE = 30.0
 SERVICE_RESTARTS = 3
 SERVICE_PERIOD = 60.0
@@ -128,6 +134,7 @@ async def journal_service(
                     admission=admission,
                     snapshot_every=SNAPSHOT_EVERY,
                     commit_interval=COMMIT_INTERVAL,
+                    head_interval=HEAD_INTERVAL,
                     answer_within=RECORD_DEADLINE,
                 )
             )
@@ -312,16 +319,28 @@ survived into the old generation and made full passes frequent (19% of wall time
 500 streaming runs, passes up to 87 ms). With 10,000 most die young."""
 
 
-def settle_heap() -> None:
-    """Take what is alive now (the imports, the loaded graph) out of later collector passes.
+SWITCH_INTERVAL = 0.001
+"""How long a thread may hold the interpreter while another waits for it (CPython's is 5 ms).
 
-    For the process that runs Braid, once the app is up: every full pass of the cyclic
-    collector would otherwise walk the whole import graph again (about 100,000 objects)
-    while the event loop waits. Objects created later are collected as usual.
+The event loop waits for the interpreter after every pipe read and every poll, and the
+journal's writer thread after every row it hands SQLite: with 5 ms, each wait could last a
+whole interval while the other thread ran Python code. At 500 streaming runs (``tools/bench
+runs``) the event -> durable ack p50 went from 45-48 ms to about 20 ms with 1 ms at the
+same CPU; 0.2-0.5 ms halved it again but cost 5-9 points of a core in switches."""
+
+
+def settle_process() -> None:
+    """Tune the interpreter for the process that runs Braid, once the app is up.
+
+    What is alive now (the imports, the loaded graph) is taken out of later collector
+    passes: every full pass would otherwise walk the whole import graph again (about
+    100,000 objects) while the event loop waits; objects created later are collected as
+    usual, with :data:`GC_THRESHOLDS`. Threads switch every :data:`SWITCH_INTERVAL`.
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
 
 async def open_app(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 import trio
 
-from braid_actors.app import DEFAULT_DRAIN_GRACE, BraidApp, open_app, settle_heap
+from braid_actors.app import DEFAULT_DRAIN_GRACE, BraidApp, open_app, settle_process
 from braid_actors.cli.headless import Writer, serve_session
 from braid_actors.errors import BadRequest, DaemonRunning
 
@@ -175,7 +175,7 @@ async def serve(
                         )
                     )
                     app.drain_grace = options.drain_grace
-                    settle_heap()
+                    settle_process()
                     nursery.start_soon(_on_signals, signals, app, options, nursery)
                     async with trio.open_nursery() as connections:
                         accepting = trio.CancelScope()

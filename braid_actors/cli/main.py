@@ -16,7 +16,7 @@ from braid_actors.app import (
     default_home,
     error_body,
     open_app,
-    settle_heap,
+    settle_process,
 )
 from braid_actors.errors import BadRequest, BraidError
 
@@ -96,7 +96,7 @@ async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> 
         return
     async with trio.open_nursery() as nursery:
         app = await nursery.start(functools.partial(open_app, home, admission_limit=max_active))
-        settle_heap()
+        settle_process()
         await run_headless(app)
 
 

@@ -34,7 +34,7 @@ import psutil
 import trio
 
 from braid_actors import graph
-from braid_actors.app import BraidApp, call, open_app, settle_heap
+from braid_actors.app import BraidApp, call, open_app, settle_process
 from braid_actors.journal import Journal, event_to_record, load_or_create_key
 from braid_actors.model import (
     CountingIds,
@@ -100,13 +100,15 @@ def _main_thread_cpu(me: psutil.Process) -> float:
 
 
 def _thread_cpu(me: psutil.Process) -> dict[str, float]:
-    """CPU seconds per thread name of this process (threads that ended are not listed)."""
+    """CPU seconds per thread name of this process, and of it in the kernel (``name/sys``);
+    threads that ended are not listed."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}
     for t in me.threads():
         name = names.get(t.id, "other")
-        name = "trio threads" if name.startswith("Trio") else name
+        name = "trio threads" if name.startswith(("Trio", "_sample_all")) else name
         out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+        out[name + "/sys"] = out.get(name + "/sys", 0.0) + t.system_time
     return out
 
 
@@ -164,7 +166,7 @@ async def concurrent(
                 await call(app, "create_conversation", {"workspace": str(workspace)})
                 for _ in range(branches)
             ]
-            settle_heap()  # as braid serve and braid headless do once the app is up
+            settle_process()  # as braid serve and braid headless do once the app is up
             rss_before = me.memory_info().rss
             # Every worker waits for one start line (``?at``), idle, then streams: the
             # window below sees all of them streaming at once, whatever their start-up took.
@@ -234,8 +236,13 @@ async def concurrent(
         "thread_shares": {
             name: (cpu - threads0.get(name, 0.0)) / (w1 - w0)
             for name, cpu in sorted(threads1.items())
-            if name != threading.main_thread().name
+            if not name.startswith(threading.main_thread().name)
         },
+        "loop_sys_share": (
+            threads1.get(threading.main_thread().name + "/sys", 0.0)
+            - threads0.get(threading.main_thread().name + "/sys", 0.0)
+        )
+        / (w1 - w0),
         "runs": n_runs,
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
@@ -425,7 +432,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--active", type=int, default=1_000)
     parser.add_argument("--skip-concurrent", action="store_true")
+    parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.switch_interval is not None:
+        import sys
+
+        sys.setswitchinterval(args.switch_interval)
     print(f"runs benchmark on {os.cpu_count()} CPUs")
     if not args.skip_concurrent:
         a = trio.run(concurrent, args.runs, args.seconds, args.rate, args.branches, args.margin)
@@ -452,8 +464,16 @@ def main(argv: list[str]) -> int:
             f"the worker processes used {a['workers_cores']:.2f} of the "
             f"{os.cpu_count()} cores meanwhile"
         )
-        shares = ", ".join(f"{n} {v * 100:.1f}%" for n, v in a["thread_shares"].items())
-        print(f"    the other threads (share of one core): {shares}")
+        shares = a["thread_shares"]
+        listed = ", ".join(
+            f"{n} {v * 100:.1f}% (kernel {shares.get(n + '/sys', 0.0) * 100:.1f}%)"
+            for n, v in shares.items()
+            if not n.endswith("/sys")
+        )
+        print(
+            f"    the other threads (share of one core): {listed}; the event loop's "
+            f"thread spent {a['loop_sys_share'] * 100:.1f}% in the kernel"
+        )
         print(
             f"    events committed {a['events_per_s']:,.0f}/s; event -> durable ack "
             f"p50 {a['p50_ms']:.2f} ms, p99 {a['p99_ms']:.2f} ms "
