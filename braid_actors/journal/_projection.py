@@ -151,11 +151,11 @@ class GraphAdmission:
         return admission
 
     def _replay(self, records: Iterable[CommittedRecord]) -> None:
+        """Fold committed records into the read model; the write model is then its copy
+        (one fold per record, not two)."""
         for record in records:
             if is_graph_record(record.type):
-                event = record_to_event(record.type, record.data)
-                graph.apply(self._write, event, record.seq)
-                graph.apply(self.read, event, record.seq)
+                graph.apply(self.read, record_to_event(record.type, record.data), record.seq)
             elif record.type not in APP_RECORD_TYPES:
                 raise JournalCorrupt(
                     f"journal record {record.seq} has unknown type {record.type}",
@@ -163,6 +163,7 @@ class GraphAdmission:
                 )
             self.seq = record.seq
         self._staged_seq = self.seq
+        self._write = graph.copy_state(self.read)
 
     # ---- the journal actor's Admission protocol ----------------------------------------
 
