@@ -54,6 +54,7 @@ import attrs
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import trio
 
+from braid_actors.workers import _procstat
 from braid_actors.workers._identity import CREATE_TIME_TOLERANCE, ProcessKey, same_start
 from braid_actors.workers._process import ProcessInfo
 from braid_actors.workers._proctable import ProcessTable
@@ -62,6 +63,9 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 _T = TypeVar("_T")
+
+_ASK_PSUTIL: Final = object()
+"""A stat line could not be read: the member is read through psutil."""
 
 ARGV_LIMIT: Final = 1024
 """Characters of a process's argv kept in a snapshot (the arguments' lengths summed)."""
@@ -165,6 +169,8 @@ class _Member:
     argv: tuple[str, ...] | None = None
     """Its last-read command line, bounded."""
     argv_truncated: bool = False
+    start_tick: int | None = None
+    """Its start tick once a stat line was read for it (its identity from then on)."""
 
 
 @attrs.frozen
@@ -257,6 +263,10 @@ class TreeObserver:
         The command line is read each time (a child caught between ``fork`` and ``exec``
         shows its parent's until the next sample); a zombie keeps its last one.
         """
+        if _procstat.AVAILABLE:
+            fast = self._read_stat(member)
+            if fast is not _ASK_PSUTIL:
+                return fast  # type: ignore[return-value]
         proc, key = member.proc, member.key
         try:
             if not proc.is_running():  # re-reads the creation time: a reused pid is gone
@@ -290,6 +300,49 @@ class TreeObserver:
             rss_bytes=rss,
         )
         readable = status != "unknown" and cpu is not None and (zombie or rss is not None)
+        return _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
+
+    def _read_stat(self, member: _Member) -> _Reading | object | None:
+        """:meth:`_read` from one stat line (see ``_procstat``); :data:`_ASK_PSUTIL` when
+        the line cannot be read."""
+        key = member.key
+        line = _procstat.read_stat(key.pid)
+        if line is _procstat.GONE:
+            return None
+        if not isinstance(line, _procstat.StatLine):
+            return _ASK_PSUTIL
+        if member.start_tick is None:
+            # First reading: the pid must still name the process psutil saw (its creation
+            # time is the boot time plus the start tick); from now on the tick names it.
+            try:
+                start = psutil.boot_time() + line.start_tick / _procstat.TICKS
+            except psutil.Error:
+                return _ASK_PSUTIL
+            if not same_start(start, key.create_time):
+                return None
+            member.start_tick = line.start_tick
+        elif line.start_tick != member.start_tick:
+            return None  # the pid was reused: this member is gone
+        zombie = line.zombie
+        rss = None
+        if not zombie:
+            rss = _procstat.read_rss(key.pid)
+            argv = _procstat.read_argv(key.pid)
+            if argv is not None:
+                member.argv, member.argv_truncated = _bounded(argv, self.argv_limit)
+        own = math.fsum((line.user, line.system))
+        reaped = math.fsum((line.children_user, line.children_system))
+        snapshot = ProcessSnapshot(
+            key=key,
+            ppid=line.ppid,
+            pgid=line.pgid,
+            argv=member.argv,
+            argv_truncated=member.argv_truncated,
+            status=line.status,
+            cpu_seconds=own + reaped,
+            rss_bytes=rss,
+        )
+        readable = zombie or rss is not None
         return _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
 
     def _discover(self, readings: dict[ProcessKey, _Reading]) -> list[ProcessSnapshot]:

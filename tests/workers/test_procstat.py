@@ -1,0 +1,110 @@
+"""A member read from its stat line gives what psutil's reading gives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from braid_actors.workers import ProcessKey, TreeObserver, _procstat
+from braid_actors.workers._observe import _Member
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = pytest.mark.skipif(not _procstat.AVAILABLE, reason="Linux /proc only")
+
+
+def _member(pid: int) -> _Member:
+    proc = psutil.Process(pid)
+    return _Member(key=ProcessKey(pid, proc.create_time()), proc=proc, parent=None)
+
+
+def _both(member: _Member) -> tuple[object, object]:
+    """(stat-line reading, psutil reading) of the same member, one right after the other."""
+    observer = TreeObserver.of(member.key, argv_limit=160)
+    fast = observer._read_stat(member)
+    saved = _procstat.AVAILABLE
+    try:
+        _procstat.AVAILABLE = False  # type: ignore[misc]
+        plain = observer._read(member)
+    finally:
+        _procstat.AVAILABLE = saved  # type: ignore[misc]
+    return fast, plain
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    made: list[subprocess.Popen[bytes]] = []
+    yield made
+    for child in made:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_a_sleeping_and_a_stopped_process_read_the_same(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """State, parent, group, CPU (own and reaped), RSS and the bounded argv agree."""
+    script = "import time\nx = bytearray(8 << 20)\ntime.sleep(60)"
+    long_arg = "a" * 200  # longer than the argv bound: cut the same way
+    sleeping = subprocess.Popen([sys.executable, "-c", script, long_arg])
+    stopped = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    children += [sleeping, stopped]
+    time.sleep(0.5)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    for child, status in ((sleeping, "sleeping"), (stopped, "stopped")):
+        fast, plain = _both(_member(child.pid))
+        assert fast == plain
+        assert fast.snapshot.status == status  # type: ignore[attr-defined]
+        assert fast.snapshot.argv_truncated is (child is sleeping)  # type: ignore[attr-defined]
+        assert fast.snapshot.pgid == os.getpgid(child.pid)  # type: ignore[attr-defined]
+    os.kill(stopped.pid, signal.SIGCONT)
+
+
+def test_a_zombie_reads_as_psutil_reads_it(children: list[subprocess.Popen[bytes]]) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    children.append(child)
+    member = _member(child.pid)
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    fast, plain = _both(member)
+    assert fast == plain
+    assert fast.zombie and fast.snapshot.rss_bytes is None  # type: ignore[attr-defined]
+
+
+def test_a_gone_or_reused_pid_is_gone(children: list[subprocess.Popen[bytes]]) -> None:
+    """An exited and reaped member reads as gone; so does one whose pid shows another
+    start tick (another process under the same pid) or another creation time."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    children.append(child)
+    member = _member(child.pid)
+    observer = TreeObserver.of(member.key)
+    assert observer._read_stat(member) is not None
+    assert member.start_tick is not None
+    member.start_tick += 1  # as if the pid now named a process started a tick later
+    assert observer._read_stat(member) is None
+    stranger = _Member(
+        key=ProcessKey(child.pid, member.key.create_time + 1.0), proc=member.proc, parent=None
+    )
+    assert observer._read_stat(stranger) is None  # psutil's creation time disagrees
+    child.kill()
+    child.wait()
+    assert observer._read_stat(_Member(key=member.key, proc=member.proc, parent=None)) is None
+
+
+def test_argv_is_read_by_psutil_s_rules() -> None:
+    """NUL-separated arguments, and a rewritten title separated by spaces."""
+    me = os.getpid()
+    assert _procstat.read_argv(me) == psutil.Process(me).cmdline()
+    assert _procstat.read_argv(2**22 + 1) is None  # no such pid
