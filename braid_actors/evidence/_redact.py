@@ -107,6 +107,29 @@ _MEMO_MAX_CHARS: Final = 256
 _MEMO_MAX_ENTRIES: Final = 65_536
 
 
+_FOLDS_INTO_ASCII: Final = ("\u0130", "\u0131", "\u017f", "\u212a")
+"""The only non-ASCII characters the regex engine's case folding matches to ASCII ones
+(dotted capital I, dotless i, long s, Kelvin sign; found by trying every code point, which a
+test does again)."""
+
+
+def _lowered(value: str) -> str | None:
+    """``value.lower()`` when ``literal in value.lower()`` is exactly whether the case-folding
+    hint regex of an ASCII ``literal`` finds it in ``value``, else null.
+
+    That holds for ASCII text (lowering is the engine's folding there), and for any text
+    without :data:`_FOLDS_INTO_ASCII`: a case-folded match of an ASCII literal is then a run
+    of ASCII characters, which ``lower()`` maps one to one onto the literal, and no other
+    character lowers to ASCII. The regex on long non-ASCII text costs about 20 times the
+    ``in`` checks.
+    """
+    if not value.isascii():
+        for char in _FOLDS_INTO_ASCII:
+            if char in value:
+                return None
+    return value.lower()
+
+
 def _hint(kind: str) -> re.Pattern[str]:
     literals, fold = _HINTS[kind]
     return re.compile("|".join(map(re.escape, literals)), re.IGNORECASE if fold else 0)
@@ -123,8 +146,8 @@ class _Rule:
     def may_match(self, value: str, lowered: str | None) -> bool:
         """False only when no match of the rule can occur in ``value``.
 
-        ``lowered`` is ``value.lower()`` when ``value`` is ASCII (where lowering is exactly
-        the regex engine's case folding), else null (the hint regex decides).
+        ``lowered`` is :func:`_lowered` of ``value``: its ``lower()`` when that finds every
+        case-folded occurrence of an ASCII literal, else null (the hint regex decides).
         """
         if self.hint is None:
             return True
@@ -187,7 +210,7 @@ class Redactor:
     def candidates(self, value: str) -> tuple[bool, ...]:
         """Per rule: whether it may match somewhere in ``value`` (if not, it leaves ``value``
         and every substring of it unchanged)."""
-        lowered = value.lower() if value.isascii() else None
+        lowered = _lowered(value)
         return tuple(rule.may_match(value, lowered) for rule in self.rules)
 
     def text(self, value: str) -> Redacted:
@@ -211,7 +234,7 @@ class Redactor:
         out in advance; that holds only while ``value`` is unchanged, since a replacement
         marker can bring a hint in, so after the first replacement every rule is checked.
         """
-        lowered = value.lower() if value.isascii() else None
+        lowered = _lowered(value)
         changed = False
         for index, rule in enumerate(self.rules):
             if allowed is not None and not changed and not allowed[index]:
@@ -221,7 +244,7 @@ class Redactor:
             value, count = rule.substitute(value)
             if count:
                 changed = True
-                lowered = value.lower() if value.isascii() else None
+                lowered = _lowered(value)
         return Redacted(value, changed)
 
     def clean(self, value: str) -> str:
