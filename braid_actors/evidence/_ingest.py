@@ -113,10 +113,10 @@ class Ingest(Rows):
             was_linked = self._in_run_links(run_id, sources)
             agents_before = self._agents(sources)
             pks = {key: self.put_source(run_id, path_key, src) for key, src in sources.items()}
-            written, inserted, revised = self._put_entries(run_id, rows, pks)
+            written, inserted, revised, known = self._put_entries(run_id, rows, pks)
             self._put_objects(mat)
             calls = self._put_actions(run_id, outcome, rows, sources)
-            put_file_links(self.conn, run_id, outcome.links, rows, self.redactor.clean)
+            put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
             if was_linked or _may_link(sources, outcome, inserted):
                 changes = _changes(sources, agents_before, inserted, revised, calls)
                 rebuild_run_links(self.conn, run_id, changes)
@@ -203,9 +203,10 @@ class Ingest(Rows):
 
     def _put_entries(
         self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
-    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool]:
+    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool, list[str]]:
         """Write new entries and revisions; count (session, scope, stored|duplicates) and
-        return the rows written and whether any was a new revision."""
+        return the rows written, whether any was a new revision, and the ids of the rows
+        whose source key the run held before this pass (only those can have links yet)."""
         tally: Counter[tuple[str, str, str]] = Counter()
         existing: dict[str, tuple[int, str]] = {}
         for pk in set(pks.values()):
@@ -218,8 +219,11 @@ class Ingest(Rows):
         superseded: list[tuple[str, str]] = []
         inserts: list[tuple[Any, ...]] = []
         inserted: list[EntryRow] = []
+        held: list[str] = []
         for row in rows:
             known = existing.get(row.source_key)
+            if known is not None:
+                held.append(row.id)
             if known is not None and known[1] == row.object_hash:
                 tally[(row.session, row.scope, "duplicates")] += 1
                 continue
@@ -260,7 +264,7 @@ class Ingest(Rows):
             "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
             inserts,
         )
-        return tally, inserted, bool(superseded)
+        return tally, inserted, bool(superseded), held
 
     def _put_objects(self, mat: Materializer) -> None:
         self.objects.put_many(mat.pending.items())

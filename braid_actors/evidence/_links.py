@@ -80,11 +80,18 @@ def put_file_links(
     run_id: str,
     links: list[Link],
     rows: list[EntryRow],
+    held: list[str],
     clean: Callable[[str], str],
 ) -> None:
-    """Replace the file links of these entries by the parser's links between stored rows."""
+    """Replace the file links of these entries by the parser's links between stored rows.
+
+    ``held`` are the ids of the rows whose source key the run held before this pass: only
+    they can have file links already (an entry id is the digest of the run and the source
+    key, entries are never deleted, and file links are written between a pass's rows only),
+    so only theirs are deleted first.
+    """
     by_key = {(row.sequence, row.ordinal): row for row in rows}
-    ids = [row.id for row in rows]
+    ids = held
     marks = ",".join("?" * len(FILE_KINDS))
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
