@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
     from ._parsed import LineSplit, Outcome
     from ._policy import CapturePolicy
+    from ._redact import Redactor
 
 _BODY: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 """The entry body's encoding (``json.dumps(body, ensure_ascii=False, sort_keys=True)``),
@@ -118,7 +119,9 @@ class Ingest(Rows):
             calls = self._put_actions(run_id, outcome, rows, sources)
             put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
             if was_linked or _may_link(sources, outcome, inserted):
-                changes = _changes(sources, agents_before, inserted, revised, calls)
+                changes = _changes(
+                    sources, agents_before, inserted, revised, calls, outcome, self.redactor
+                )
                 rebuild_run_links(self.conn, run_id, changes)
             self._put_file(run_id, path_key, data, boundary, split.complete_end)
             reports = [
@@ -454,6 +457,8 @@ def _changes(
     inserted: list[EntryRow],
     revised: bool,
     calls: frozenset[str],
+    outcome: Outcome,
+    redactor: Redactor,
 ) -> PassChanges:
     """What the pass wrote that ``task_agent`` links rest on (see ``PassChanges``)."""
     moved = any(
@@ -465,7 +470,20 @@ def _changes(
         for row in inserted
         if (src := sources[row.session]).get("agent_id")
     ]
-    return PassChanges(additive=not revised and not moved, members=members, calls=calls)
+    agents = {src["agent_id"] for src in sources.values() if src.get("agent_id")}
+    agents.update(agent for agent in agents_before.values() if agent)
+    agents.update(
+        redactor.clean(action.agent_id)
+        for action in outcome.actions
+        if action.kind == "task_agent" and action.agent_id
+    )
+    return PassChanges(
+        additive=not revised and not moved,
+        members=members,
+        calls=calls,
+        agents=frozenset(agents),
+        sessions=frozenset(src["session_id"] for src in sources.values()),
+    )
 
 
 def _hash(data: bytes) -> str:
