@@ -2,10 +2,8 @@
 
 :func:`prepare` parses a file and materializes its drafts (scope, redaction, policy, objects,
 ids, hashes) given the little the database says about the file beforehand (:class:`FileRows`:
-its cursor and boundary in this run, other runs' cursors). It touches no database, so it
-can run in another process (:mod:`._pipeline`); :meth:`Prepared.slim` drops what only the
-materializing needed (decoded lines, draft bodies) before a result is sent back.
-:mod:`._ingest` stores a :class:`Prepared` in one transaction.
+its cursor and boundary in this run, other runs' cursors). It touches no database;
+:mod:`._ingest` reads those rows, and stores a :class:`Prepared` in one transaction.
 """
 
 from __future__ import annotations
@@ -20,17 +18,15 @@ from braid_actors.errors import EvidenceInvalidArgument
 
 from ._claude import parse_claude
 from ._codex import parse_codex
-from ._detect import UNSUPPORTED, detect
 from ._gemini import parse_gemini, split_gemini
 from ._local import parse_local
 from ._materialize import EntryRow, Materializer, entry_id
-from ._parsed import Draft, Line, LineSplit, Outcome, split_lines
+from ._parsed import LineSplit, Outcome
 from ._policy import CapturePolicy
 
 if TYPE_CHECKING:
     import sqlite3
     from collections.abc import Callable
-    from pathlib import Path
 
     from ._redact import Redactor
 
@@ -107,8 +103,6 @@ class Prepared:
 
     path_key: str
     harness: str
-    files: FileRows
-    """The rows the boundary was decided from (a store checks they still hold)."""
     policy: CapturePolicy
     boundary: int
     issues: list[dict[str, Any]]
@@ -125,23 +119,6 @@ class Prepared:
     objects_written: dict[str, tuple[int, str, bool]]
     omissions: dict[tuple[str, str], Counter[str]]
     truncated: Counter[tuple[str, str]]
-
-    def slim(self) -> Prepared:
-        """The same without what storing does not read: decoded lines and draft bodies."""
-        lines = tuple(_bare(line) for line in self.split.lines)
-        deferred = self.split.deferred
-        split = attrs.evolve(
-            self.split, lines=lines, deferred=None if deferred is None else _bare(deferred)
-        )
-        drafts = [
-            Draft(d.line, d.ordinal, d.session, d.kind, d.status, fields=d.fields)
-            for d in self.outcome.drafts
-        ]
-        return attrs.evolve(self, split=split, outcome=attrs.evolve(self.outcome, drafts=drafts))
-
-
-def _bare(line: Line) -> Line:
-    return Line(line.number, line.start, line.end, b"", None, line.error)
 
 
 def prepare(
@@ -181,7 +158,6 @@ def prepare(
     return Prepared(
         path_key=path_key,
         harness=detected,
-        files=files,
         policy=policy,
         boundary=boundary,
         issues=issues,
@@ -197,41 +173,6 @@ def prepare(
         objects_written=mat.objects_written,
         omissions=mat.omissions,
         truncated=mat.truncated,
-    )
-
-
-def prepare_path(
-    path: Path,
-    *,
-    path_key: str,
-    run_id: str,
-    harness: str | None,
-    policy: CapturePolicy,
-    redactor: Redactor,
-    resume_offset: int | None,
-    files: FileRows,
-) -> Prepared | None:
-    """:func:`prepare` of a file on disk; null when it is not a parsed file (missing,
-    unreadable, unknown or unsupported), which only the plain pass handles."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    split = split_lines(data)
-    detected = harness or detect(split, data)
-    if detected is None or detected in UNSUPPORTED:
-        return None
-    return prepare(
-        data,
-        split,
-        detected,
-        path_key=path_key,
-        stem=path.stem,
-        run_id=run_id,
-        policy=policy,
-        redactor=redactor,
-        resume_offset=resume_offset,
-        files=files,
     )
 
 
