@@ -19,7 +19,6 @@ adds its new records. An incomplete last line is ``deferred`` and the cursor sto
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
@@ -28,36 +27,26 @@ import attrs
 
 from braid_actors.errors import EvidenceInvalidArgument
 
-from ._claude import parse_claude
-from ._codex import parse_codex
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
-from ._gemini import parse_gemini, split_gemini
 from ._links import PassChanges, put_file_links, rebuild_run_links
-from ._local import parse_local
-from ._materialize import CURRENT, PRIOR, EntryRow, Materializer, entry_id
+from ._materialize import CURRENT, PRIOR, EntryRow
 from ._objects import ObjectStore
 from ._parsed import split_lines
+from ._prepare import Prepared, file_rows, prepare
 from ._rows import IngestReport, Rows, SourceReport, ensure_run, transaction
 from ._unparsed import unparsed, unsupported
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
-    from ._parsed import LineSplit, Outcome
+    from ._parsed import Outcome
     from ._policy import CapturePolicy
+    from ._redact import Redactor
 
 _BODY: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 """The entry body's encoding (``json.dumps(body, ensure_ascii=False, sort_keys=True)``),
 built once instead of per entry."""
-
-PARSERS: Final[dict[str, Callable[..., Outcome]]] = {
-    "claude_code": parse_claude,
-    "codex": parse_codex,
-    "gemini_cli": parse_gemini,
-    "local": parse_local,
-}
 
 
 @attrs.define(eq=False)
@@ -75,11 +64,7 @@ class Ingest(Rows):
         policy: CapturePolicy,
         resume_offset: int | None,
     ) -> IngestReport:
-        if harness is not None and harness not in (*HARNESSES, *UNSUPPORTED):
-            raise EvidenceInvalidArgument(
-                "unknown harness", details={"field": "harness", "known": list(HARNESSES)}
-            )
-        path_key = self.redactor.clean(str(path.resolve()))
+        path_key = self.path_key(path, harness)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -90,44 +75,49 @@ class Ingest(Rows):
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
             return unsupported(self, run_id, path_key, path.stem, detected, policy, split, data)
-        if detected == "gemini_cli":
-            split = split_gemini(data)  # one JSON document: records, not lines
-        outcome = PARSERS[detected](split, fallback_session=path.stem)
-        boundary, issues = self._boundary(run_id, path_key, data, resume_offset)
-        mat = Materializer(
-            run_id=run_id,
+        prepared = prepare(
+            data,
+            split,
+            detected,
             path_key=path_key,
+            stem=path.stem,
+            run_id=run_id,
             policy=policy,
             redactor=self.redactor,
-            boundary=boundary,
-            lines={line.number: line for line in split.lines},
+            resume_offset=resume_offset,
+            files=file_rows(self.conn, run_id, path_key),
         )
-        sources = {key: mat.source(outcome, info) for key, info in outcome.sessions.items()}
-        ids = {
-            d.key: entry_id(run_id, f"{sources[d.session]['id']}:{d.line}:{d.ordinal}")
-            for d in outcome.drafts
-        }
-        rows = [row for d in outcome.drafts if (row := mat.entry(d, sources[d.session], ids))]
+        return self.store(run_id, prepared)
+
+    def path_key(self, path: Path, harness: str | None) -> str:
+        """The file's redacted absolute path (checking ``harness`` first)."""
+        if harness is not None and harness not in (*HARNESSES, *UNSUPPORTED):
+            raise EvidenceInvalidArgument(
+                "unknown harness", details={"field": "harness", "known": list(HARNESSES)}
+            )
+        return self.redactor.clean(str(path.resolve()))
+
+    def store(self, run_id: str, prepared: Prepared) -> IngestReport:
+        """Write a prepared file in one transaction and report its coverage per source."""
+        p = prepared
+        sources, rows, outcome = p.sources, p.rows, p.outcome
         with transaction(self.conn):
-            ensure_run(self.conn, run_id, policy, self.now)
+            ensure_run(self.conn, run_id, p.policy, self.now)
             was_linked = self._in_run_links(run_id, sources)
             agents_before = self._agents(sources)
-            pks = {key: self.put_source(run_id, path_key, src) for key, src in sources.items()}
-            written, inserted, revised = self._put_entries(run_id, rows, pks)
-            self._put_objects(mat)
+            pks = {key: self.put_source(run_id, p.path_key, src) for key, src in sources.items()}
+            written, inserted, revised, known = self._put_entries(run_id, rows, pks)
+            self._put_objects(p)
             calls = self._put_actions(run_id, outcome, rows, sources)
-            put_file_links(self.conn, run_id, outcome.links, rows, self.redactor.clean)
+            put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
             if was_linked or _may_link(sources, outcome, inserted):
-                changes = _changes(sources, agents_before, inserted, revised, calls)
-                rebuild_run_links(self.conn, run_id, changes)
-            self._put_file(run_id, path_key, data, boundary, split.complete_end)
-            reports = [
-                self._report(
-                    run_id, key, sources[key], outcome, split, mat, written, issues, policy
+                changes = _changes(
+                    sources, agents_before, inserted, revised, calls, outcome, self.redactor
                 )
-                for key in outcome.sessions
-            ]
-        return IngestReport(run_id, path_key, detected, tuple(reports))
+                rebuild_run_links(self.conn, run_id, changes)
+            self._put_file(run_id, p)
+            reports = [self._report(run_id, key, p, written) for key in outcome.sessions]
+        return IngestReport(run_id, p.path_key, p.harness, tuple(reports))
 
     # ---- run links -------------------------------------------------------------------
 
@@ -161,51 +151,14 @@ class Ingest(Rows):
         )
         return {row["id"]: row["agent_id"] for row in found}
 
-    # ---- boundary --------------------------------------------------------------------
-
-    def _boundary(
-        self, run_id: str, path_key: str, data: bytes, resume_offset: int | None
-    ) -> tuple[int, list[dict[str, Any]]]:
-        row = self.conn.execute(
-            "SELECT * FROM files WHERE run_id=? AND path_key=?", (run_id, path_key)
-        ).fetchone()
-        issues: list[dict[str, Any]] = []
-        if resume_offset is not None:
-            if not 0 <= resume_offset <= len(data) or (
-                resume_offset and data[resume_offset - 1 : resume_offset] != b"\n"
-            ):
-                raise EvidenceInvalidArgument(
-                    "resume_offset must be the offset of a line start in the file",
-                    details={"field": "resume_offset"},
-                )
-            if row is not None and row["boundary"] != resume_offset:
-                raise EvidenceInvalidArgument(
-                    "this run already recorded another resume boundary for the file",
-                    details={"field": "resume_offset"},
-                )
-            return resume_offset, issues
-        if row is not None:
-            if not _prefix_matches(data, row["cursor"], row["cursor_hash"]):
-                issues.append({"code": "source_rewritten"})
-            if _prefix_matches(data, row["boundary"], row["boundary_hash"]):
-                return int(row["boundary"]), issues
-            return 0, issues
-        for other in self.conn.execute(
-            "SELECT cursor, cursor_hash FROM files WHERE path_key=? AND run_id<>? "
-            "ORDER BY cursor DESC",
-            (path_key, run_id),
-        ):
-            if other["cursor"] > 0 and _prefix_matches(data, other["cursor"], other["cursor_hash"]):
-                return int(other["cursor"]), issues
-        return 0, issues
-
     # ---- writes ----------------------------------------------------------------------
 
     def _put_entries(
         self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
-    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool]:
+    ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool, list[str]]:
         """Write new entries and revisions; count (session, scope, stored|duplicates) and
-        return the rows written and whether any was a new revision."""
+        return the rows written, whether any was a new revision, and the ids of the rows
+        whose source key the run held before this pass (only those can have links yet)."""
         tally: Counter[tuple[str, str, str]] = Counter()
         existing: dict[str, tuple[int, str]] = {}
         for pk in set(pks.values()):
@@ -218,8 +171,11 @@ class Ingest(Rows):
         superseded: list[tuple[str, str]] = []
         inserts: list[tuple[Any, ...]] = []
         inserted: list[EntryRow] = []
+        held: list[str] = []
         for row in rows:
             known = existing.get(row.source_key)
+            if known is not None:
+                held.append(row.id)
             if known is not None and known[1] == row.object_hash:
                 tally[(row.session, row.scope, "duplicates")] += 1
                 continue
@@ -260,15 +216,15 @@ class Ingest(Rows):
             "object_hash, body) VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?,?,?)",
             inserts,
         )
-        return tally, inserted, bool(superseded)
+        return tally, inserted, bool(superseded), held
 
-    def _put_objects(self, mat: Materializer) -> None:
-        self.objects.put_many(mat.pending.items())
+    def _put_objects(self, prepared: Prepared) -> None:
+        self.objects.put_many(prepared.pending.items())
         self.conn.executemany(
             "INSERT OR IGNORE INTO objects(ref, bytes, media_type, redacted) VALUES (?,?,?,?)",
             [
                 (ref, size, media, int(red))
-                for ref, (size, media, red) in mat.objects_written.items()
+                for ref, (size, media, red) in prepared.objects_written.items()
             ],
         )
 
@@ -312,9 +268,7 @@ class Ingest(Rows):
                 calls.add(row.id)
         return frozenset(calls)
 
-    def _put_file(
-        self, run_id: str, path_key: str, data: bytes, boundary: int, cursor: int
-    ) -> None:
+    def _put_file(self, run_id: str, prepared: Prepared) -> None:
         self.conn.execute(
             "INSERT INTO files(run_id, path_key, boundary, boundary_hash, cursor, cursor_hash, "
             "updated_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT(run_id, path_key) DO UPDATE SET "
@@ -323,11 +277,11 @@ class Ingest(Rows):
             "updated_at=excluded.updated_at",
             (
                 run_id,
-                path_key,
-                boundary,
-                _hash(data[:boundary]),
-                cursor,
-                _hash(data[:cursor]),
+                prepared.path_key,
+                prepared.boundary,
+                prepared.boundary_hash,
+                prepared.cursor,
+                prepared.cursor_hash,
                 self.now,
             ),
         )
@@ -335,18 +289,15 @@ class Ingest(Rows):
     # ---- reports ---------------------------------------------------------------------
 
     def _report(
-        self,
-        run_id: str,
-        key: str,
-        source: dict[str, Any],
-        outcome: Outcome,
-        split: LineSplit,
-        mat: Materializer,
-        written: Counter[tuple[str, str, str]],
-        file_issues: list[dict[str, Any]],
-        policy: CapturePolicy,
+        self, run_id: str, key: str, prepared: Prepared, written: Counter[tuple[str, str, str]]
     ) -> SourceReport:
-        boundary = mat.boundary
+        source, outcome, split, starts = (
+            prepared.sources[key],
+            prepared.outcome,
+            prepared.split,
+            prepared.starts,
+        )
+        boundary = prepared.boundary
         current = Tally()
         prior = Tally() if boundary > 0 else None
         ranges = {CURRENT: current, PRIOR: prior}
@@ -358,7 +309,7 @@ class Ingest(Rows):
         for line in split.lines:
             tally_of(line.start).add("discovered")
         for info in outcome.lines:
-            tally = tally_of(mat.lines[info.number].start)
+            tally = tally_of(starts[info.number])
             if info.session != key:
                 continue
             tally.add("matched")
@@ -379,11 +330,11 @@ class Ingest(Rows):
                 current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
         for draft in outcome.drafts:
             if draft.session == key:
-                tally_of(mat.lines[draft.line].start).present.update(draft.fields)
+                tally_of(starts[draft.line]).present.update(draft.fields)
         for issue in outcome.issues:
             if issue.session != key:
                 continue
-            start = mat.lines[issue.line].start if issue.line in mat.lines else boundary
+            start = starts.get(issue.line, boundary) if issue.line is not None else boundary
             body: dict[str, Any] = {"code": issue.code}
             if issue.line is not None:
                 body["line"] = issue.line
@@ -393,22 +344,22 @@ class Ingest(Rows):
             if prior is not None:
                 body["scope"] = PRIOR if tally is prior else CURRENT
             tally.issues.append(body)
-        current.issues.extend(file_issues)
+        current.issues.extend(prepared.issues)
         omissions: Counter[str] = Counter()
         for scope, tally_or_none in ranges.items():
             if tally_or_none is None:
                 continue
             tally_or_none.add("stored", written[(key, scope, "stored")])
             tally_or_none.add("duplicates", written[(key, scope, "duplicates")])
-            tally_or_none.add("truncated", mat.truncated[(key, scope)])
-            omissions.update(mat.omissions.get((key, scope), Counter()))
+            tally_or_none.add("truncated", prepared.truncated[(key, scope)])
+            omissions.update(prepared.omissions.get((key, scope), Counter()))
         report = coverage_report(
             run_id=run_id,
             source=source,
             observed_at=self.now,
             current=current,
             prior=prior,
-            policy=policy.to_wire(),
+            policy=prepared.policy.to_wire(),
             omissions=dict(omissions),
             last_success_at=self.last_success(run_id, source["id"]),
         )
@@ -450,6 +401,8 @@ def _changes(
     inserted: list[EntryRow],
     revised: bool,
     calls: frozenset[str],
+    outcome: Outcome,
+    redactor: Redactor,
 ) -> PassChanges:
     """What the pass wrote that ``task_agent`` links rest on (see ``PassChanges``)."""
     moved = any(
@@ -461,12 +414,17 @@ def _changes(
         for row in inserted
         if (src := sources[row.session]).get("agent_id")
     ]
-    return PassChanges(additive=not revised and not moved, members=members, calls=calls)
-
-
-def _hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _prefix_matches(data: bytes, length: int, expected: str) -> bool:
-    return length <= len(data) and _hash(data[:length]) == expected
+    agents = {src["agent_id"] for src in sources.values() if src.get("agent_id")}
+    agents.update(agent for agent in agents_before.values() if agent)
+    agents.update(
+        redactor.clean(action.agent_id)
+        for action in outcome.actions
+        if action.kind == "task_agent" and action.agent_id
+    )
+    return PassChanges(
+        additive=not revised and not moved,
+        members=members,
+        calls=calls,
+        agents=frozenset(agents),
+        sessions=frozenset(src["session_id"] for src in sources.values()),
+    )

@@ -80,11 +80,18 @@ def put_file_links(
     run_id: str,
     links: list[Link],
     rows: list[EntryRow],
+    held: list[str],
     clean: Callable[[str], str],
 ) -> None:
-    """Replace the file links of these entries by the parser's links between stored rows."""
+    """Replace the file links of these entries by the parser's links between stored rows.
+
+    ``held`` are the ids of the rows whose source key the run held before this pass: only
+    they can have file links already (an entry id is the digest of the run and the source
+    key, entries are never deleted, and file links are written between a pass's rows only),
+    so only theirs are deleted first.
+    """
     by_key = {(row.sequence, row.ordinal): row for row in rows}
-    ids = [row.id for row in rows]
+    ids = held
     marks = ",".join("?" * len(FILE_KINDS))
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
@@ -155,6 +162,11 @@ class PassChanges:
     an ``agent_id``."""
     calls: frozenset[str]
     """Call entries of the ``task_agent`` actions this pass inserted."""
+    agents: frozenset[str] = frozenset()
+    """Agent ids the pass can have touched: of its sources (now and before the pass) and
+    named by its ``task_agent`` actions."""
+    sessions: frozenset[str] = frozenset()
+    """Session ids of the pass's sources."""
 
 
 def rebuild_run_links(
@@ -167,22 +179,51 @@ def rebuild_run_links(
     written: most passes change a few links of a run that holds thousands, and rewriting
     them all cost as much in commits as computing them. With ``changes`` of an additive
     pass, the ``task_agent`` links are not recomputed but extended (:func:`_add_task_links`).
+
+    With ``changes``, only the compaction agents the pass can have touched are recomputed
+    (:func:`_touched`); the stored rows of the others are kept as they are, which is what
+    recomputing them gives: they rest on the agent's sources and entries, on whether an
+    action names the agent, and on the entries of the agent's session, none of which the
+    pass changed. (Each recompute reads the agent's entries and its session's, so a run of
+    many subagent files cost quadratic time.)
     """
     additive = changes is not None and changes.additive and not _nested_task_calls(conn, run_id)
     kinds = tuple(k for k in RUN_KINDS if not (additive and k == "task_agent"))
-    wanted = run_links(conn, run_id, task_agents=not additive)
-    _write_difference(
-        conn,
-        run_id,
-        wanted,
-        _tuples(conn).execute(
-            "SELECT entry_id, node_id, kind, relation, evidence FROM links "
-            f"WHERE run_id=? AND kind IN ({','.join('?' * len(kinds))})",
-            (run_id, *kinds),
-        ),
+    touched = None if changes is None else _touched(conn, run_id, changes)
+    wanted = run_links(conn, run_id, task_agents=not additive, compaction_agents=touched)
+    query = (
+        "SELECT entry_id, node_id, kind, relation, evidence FROM links "
+        f"WHERE run_id=? AND kind IN ({','.join('?' * len(kinds))})"
     )
+    params: tuple[str, ...] = (run_id, *kinds)
+    if touched is not None:  # (the evidence's value is the agent id)
+        query += (
+            " AND (kind != 'compaction_agent' OR json_extract(evidence, '$.value') "
+            f"IN ({','.join('?' * len(touched))}))"
+        )
+        params += tuple(touched)
+    _write_difference(conn, run_id, wanted, _tuples(conn).execute(query, params))
     if additive and changes is not None:
         _add_task_links(conn, run_id, changes)
+
+
+def _touched(conn: sqlite3.Connection, run_id: str, changes: PassChanges) -> frozenset[str]:
+    """The agents whose compaction links the pass can have changed: ``changes.agents``, and
+    every agent with a source in one of the pass's sessions (where the parent's
+    ``compact_boundary`` entries are)."""
+    touched = set(changes.agents)
+    sessions = list(changes.sessions)
+    if sessions:
+        marks = ",".join("?" * len(sessions))
+        touched.update(
+            agent
+            for (agent,) in _tuples(conn).execute(
+                f"SELECT agent_id FROM sources WHERE run_id=? AND session_id IN ({marks}) "
+                "AND agent_id IS NOT NULL",
+                (run_id, *sessions),
+            )
+        )
+    return frozenset(touched)
 
 
 def _write_difference(
@@ -225,7 +266,9 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
     leaves). Its new rows are every action × the agent's new entries, and every new
     action × all of the agent's entries; each key holds a new entry or a new action's
     call, so none is stored yet. The call → first-member rows (one per action, and the
-    first member can change) are recomputed and compared for every action.
+    first member can change) are recomputed and compared for the calls of every action
+    that is new or names an agent of ``changes.agents`` (the first member of any other
+    agent is as it was).
     """
     sidechains: dict[str, list[str]] = {}
     for source, agent in _tuples(conn).execute(
@@ -238,12 +281,20 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
         added.setdefault(agent, []).append((entry, kind, source))
     new: dict[Key, tuple[str | None, str]] = {}
     firsts: dict[Key, tuple[str | None, str]] = {}
-    calls: list[str] = []
     members_of: dict[str, list[tuple[str, str, str]]] = {}
-    for action in conn.execute(
+    actions = conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
-    ).fetchall():
+    ).fetchall()
+    touched = {
+        action["entry_id"]
+        for action in actions
+        if action["agent_id"] in changes.agents or action["entry_id"] in changes.calls
+    }
+    calls: list[str] = []
+    for action in actions:
         agent, call = action["agent_id"], action["entry_id"]
+        if call not in touched:
+            continue
         calls.append(call)
         if not sidechains.get(agent):
             continue
@@ -291,10 +342,16 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
 
 
 def run_links(
-    conn: sqlite3.Connection, run_id: str, *, task_agents: bool = True
+    conn: sqlite3.Connection,
+    run_id: str,
+    *,
+    task_agents: bool = True,
+    compaction_agents: frozenset[str] | None = None,
 ) -> dict[Key, tuple[str | None, str]]:
     """The run's cross-file links a full rebuild leaves: ``(relation, evidence)`` by key,
-    from the first row of each key in the rebuild's order.
+    from the first row of each key in the rebuild's order (the ``compaction_agent`` rows
+    only of ``compaction_agents`` when given; a compaction agent's rows share no key with
+    any other row).
 
     The evidence of a row names the action and the member's source, not the member entry, so
     it is encoded once per source; an agent's entries are read once per rebuild however many
@@ -344,6 +401,8 @@ def run_links(
                 add((call, member, "task_agent"), (relation_of(kind), evidence))
     for agent, ids in sidechains.items():
         if agent in named or not agent.startswith("acompact"):
+            continue
+        if compaction_agents is not None and agent not in compaction_agents:
             continue
         boundary = compaction_boundary(conn, run_id, ids)
         if boundary is None:

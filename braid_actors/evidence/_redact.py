@@ -102,9 +102,55 @@ _HINTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     ),
 }
 
+# Per built-in rule: the most characters a match's start can precede the hint literal the
+# match contains (every ``secret_assignment`` name starts with its literal, but for
+# ``client_secret``, 7 characters before ``secret``; ``stripe_key``'s ``sk_`` precedes
+# ``_live_``). A rule listed here is tried only at those few offsets before each occurrence
+# of its literals, instead of at every offset of the text; ``pem_private_key`` (any number
+# of characters before ``PRIVATE KEY``) and configured rules are searched throughout.
+_LEADS: Final[dict[str, int]] = {
+    "anthropic_key": 0,
+    "openai_key": 0,
+    "aws_access_key_id": 0,
+    "aws_secret_access_key": 0,
+    "github_token": 0,
+    "gitlab_token": 0,
+    "slack_token": 0,
+    "stripe_key": 2,
+    "google_api_key": 0,
+    "jwt": 0,
+    "bearer_token": 0,
+    "basic_credentials": 0,
+    "url_credentials": 0,
+    "secret_assignment": 7,
+}
+
 _MEMO_MAX_CHARS: Final = 256
 """Strings up to this length are remembered with their result (ids, keys, names repeat)."""
 _MEMO_MAX_ENTRIES: Final = 65_536
+
+
+_FOLDS_INTO_ASCII: Final = ("\u0130", "\u0131", "\u017f", "\u212a")
+"""The only non-ASCII characters the regex engine's case folding matches to ASCII ones
+(dotted capital I, dotless i, long s, Kelvin sign; found by trying every code point, which a
+test does again)."""
+
+
+def _lowered(value: str) -> str | None:
+    """``value.lower()`` when ``literal in value.lower()`` is exactly whether the case-folding
+    hint regex of an ASCII ``literal`` finds it in ``value``, else null.
+
+    That holds for ASCII text (lowering is the engine's folding there), and for any text
+    without :data:`_FOLDS_INTO_ASCII`: a case-folded match of an ASCII literal is then a run
+    of ASCII characters, which ``lower()`` maps one to one onto the literal, and no other
+    character lowers to ASCII. The regex on long non-ASCII text costs about 20 times the
+    ``in`` checks.
+    """
+    if not value.isascii():
+        for char in _FOLDS_INTO_ASCII:
+            if char in value:
+                return None
+    return value.lower()
 
 
 def _hint(kind: str) -> re.Pattern[str]:
@@ -119,12 +165,14 @@ class _Rule:
     hint: re.Pattern[str] | None = None
     literals: tuple[str, ...] = ()
     fold: bool = False
+    lead: int | None = None
+    """See :data:`_LEADS`; null: the rule is searched at every offset."""
 
     def may_match(self, value: str, lowered: str | None) -> bool:
         """False only when no match of the rule can occur in ``value``.
 
-        ``lowered`` is ``value.lower()`` when ``value`` is ASCII (where lowering is exactly
-        the regex engine's case folding), else null (the hint regex decides).
+        ``lowered`` is :func:`_lowered` of ``value``: its ``lower()`` when that finds every
+        case-folded occurrence of an ASCII literal, else null (the hint regex decides).
         """
         if self.hint is None:
             return True
@@ -138,16 +186,57 @@ class _Rule:
             return self.hint.search(value) is not None
         return any(literal in lowered for literal in self.literals)
 
-    def substitute(self, value: str) -> tuple[str, int]:
+    def substitute(self, value: str, lowered: str | None = None) -> tuple[str, int]:
+        """``pattern.subn`` with the rule's marker (``lowered`` as for :meth:`may_match`)."""
         marker = f"[REDACTED:{self.kind}]"
-        if "keep" in self.pattern.groupindex:
-            # The name or scheme stays readable; only the secret after it goes.
-            return self.pattern.subn(lambda m: (m.group("keep") or "") + marker, value)
-        return self.pattern.subn(marker, value)
+        keep = "keep" in self.pattern.groupindex  # the name or scheme stays readable
+        starts = self._starts(value, lowered)
+        if starts is None:
+            if keep:
+                return self.pattern.subn(lambda m: (m.group("keep") or "") + marker, value)
+            return self.pattern.subn(marker, value)
+        # The same matches subn finds: it takes the leftmost match at or after the end of
+        # the previous one, and every match starts at one of ``starts`` (no rule matches
+        # the empty string, and ``match`` at an offset sees the text before it, as the
+        # lookbehinds and word boundaries need).
+        parts: list[str] = []
+        done = 0
+        for start in starts:
+            if start < done:
+                continue
+            found = self.pattern.match(value, start)
+            if found is None:
+                continue
+            parts.append(value[done : found.start()])
+            parts.append((found.group("keep") or "") + marker if keep else marker)
+            done = found.end()
+        if not parts:
+            return value, 0
+        parts.append(value[done:])
+        return "".join(parts), (len(parts) - 1) // 2
+
+    def _starts(self, value: str, lowered: str | None) -> list[int] | None:
+        """Every offset where a match can start, in order; null when unknown."""
+        if self.lead is None or self.hint is None:
+            return None
+        if self.fold:
+            if lowered is None:
+                return None  # (case folding that lower() does not see)
+            text = lowered  # the same offsets: _lowered keeps every character one character
+        else:
+            text = value
+        found: set[int] = set()
+        for literal in self.literals:
+            at = text.find(literal)
+            while at >= 0:
+                found.update(range(max(0, at - self.lead), at + 1))
+                at = text.find(literal, at + 1)
+        return sorted(found)
 
 
 _BUILTIN: Final = tuple(
-    _Rule(kind, re.compile(source), _hint(kind), *_HINTS[kind]) for kind, source in BUILTIN_PATTERNS
+    _Rule(kind, re.compile(source), _hint(kind), *_HINTS[kind], _LEADS.get(kind))
+    for kind, source in BUILTIN_PATTERNS
 )
 
 
@@ -187,7 +276,7 @@ class Redactor:
     def candidates(self, value: str) -> tuple[bool, ...]:
         """Per rule: whether it may match somewhere in ``value`` (if not, it leaves ``value``
         and every substring of it unchanged)."""
-        lowered = value.lower() if value.isascii() else None
+        lowered = _lowered(value)
         return tuple(rule.may_match(value, lowered) for rule in self.rules)
 
     def text(self, value: str) -> Redacted:
@@ -211,17 +300,17 @@ class Redactor:
         out in advance; that holds only while ``value`` is unchanged, since a replacement
         marker can bring a hint in, so after the first replacement every rule is checked.
         """
-        lowered = value.lower() if value.isascii() else None
+        lowered = _lowered(value)
         changed = False
         for index, rule in enumerate(self.rules):
             if allowed is not None and not changed and not allowed[index]:
                 continue
             if not rule.may_match(value, lowered):
                 continue
-            value, count = rule.substitute(value)
+            value, count = rule.substitute(value, lowered)
             if count:
                 changed = True
-                lowered = value.lower() if value.isascii() else None
+                lowered = _lowered(value)
         return Redacted(value, changed)
 
     def clean(self, value: str) -> str:

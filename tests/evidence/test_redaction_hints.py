@@ -1,0 +1,144 @@
+"""The redactor's literal hints decide exactly what their case-folding regexes decide.
+
+A rule runs only where its hint occurs. For the case-insensitive rules the hint is looked up
+with ``in`` on ``value.lower()`` instead of the (much slower) case-folding regex, also for
+non-ASCII text that holds none of the few characters the regex engine folds onto ASCII
+letters; these tests try every code point for that list and compare both lookups on text
+built from hint literals and case-folding characters.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from braid_actors.evidence._redact import (
+    _BUILTIN,
+    _FOLDS_INTO_ASCII,
+    _HINTS,
+    BUILTIN_PATTERNS,
+    _hint,
+    _lowered,
+)
+
+from .test_fast_paths import FRAGMENTS
+
+
+def test_the_characters_folding_onto_ascii_are_all_listed() -> None:
+    """Every non-ASCII code point the engine's case-insensitive matching pairs with an ASCII
+    character, every one whose ``lower()`` holds an ASCII character and every one that
+    ``lower()`` turns into more than one character is listed (so elsewhere ``lower()`` keeps
+    the offsets)."""
+    ascii_folded = re.compile(r"[\x00-\x7f]", re.IGNORECASE)
+    found = set()
+    for code in range(0x80, sys.maxunicode + 1):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        char = chr(code)
+        lowered = char.lower()
+        if ascii_folded.match(char) or (
+            lowered != char and (len(lowered) != 1 or any(c.isascii() for c in lowered))
+        ):
+            found.add(char)
+    assert found == set(_FOLDS_INTO_ASCII)
+
+
+FOLDING = [kind for kind, (_literals, fold) in _HINTS.items() if fold]
+LITERALS = {literal for kind in FOLDING for literal in _HINTS[kind][0]}
+SWAPS = {"s": "\u017f", "i": "\u0131", "I": "\u0130", "k": "\u212a"}
+PIECES = sorted(
+    LITERALS
+    | {literal.replace(a, b, 1) for literal in LITERALS for a, b in SWAPS.items()}
+    | {literal.upper() for kind in FOLDING for literal in _HINTS[kind][0]}
+    | set(_FOLDS_INTO_ASCII)
+    | {"é", "ß", "Σ", "ς", "ǅ", "ﬁ", "_", "-", " ", "e", "A", "\u0307"}
+)
+texts = st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_size=10).map("".join)
+
+
+@given(texts)
+def test_lowered_lookup_is_the_hint_regex(value: str) -> None:
+    lowered = _lowered(value)
+    for kind in FOLDING:
+        by_regex = _hint(kind).search(value) is not None
+        if lowered is None:
+            continue  # the regex itself decides
+        by_lookup = any(literal in lowered for literal in _HINTS[kind][0])
+        assert by_lookup == by_regex, (kind, value)
+
+
+def test_text_with_a_folding_character_goes_to_the_regex() -> None:
+    assert _lowered("\u017fecret") is None and _hint("secret_assignment").search("\u017fecret")
+    assert _lowered("sécret") == "sécret"
+
+
+# Secrets behind every name and prefix the rules know, next to word characters, escapes and
+# markers (offsets before and after a literal matter to the windowed search).
+NAMES = (
+    "client_secret",
+    "client-secret",
+    "clientsecret",
+    "secret_key",
+    "apikey",
+    "api-key",
+    "accesstoken",
+    "refresh-token",
+    "passwd",
+    "credential",
+    "x_api_key",
+    "sk_live_",
+    "rk_test_",
+    "pk_live_",
+    "ghs_",
+    "github_pat_",
+    "xoxp-",
+    "AIza",
+    "ASIA",
+    "sk-",
+    "Bearer ",
+    "basic ",
+    "://u:",
+    "@h",
+)
+VALUES = ("=", ": ", '":"', "'", "abc123DEF456ghi789jkl0", "A" * 40, "Q1w2E3r4T5y6U7i8O9p0")
+pieces = st.sampled_from(NAMES + VALUES + FRAGMENTS) | st.text(max_size=4)
+secret_texts = st.lists(pieces, max_size=12).map("".join)
+
+
+def _check_substitution(value: str) -> None:
+    lowered = _lowered(value)
+    for rule, (kind, source) in zip(_BUILTIN, BUILTIN_PATTERNS, strict=True):
+        assert rule.kind == kind
+        pattern = re.compile(source)
+        marker = f"[REDACTED:{kind}]"
+        if "keep" in pattern.groupindex:
+
+            def keep(match: re.Match[str], mark: str = marker) -> str:
+                return (match.group("keep") or "") + mark
+
+            expected = pattern.subn(keep, value)
+        else:
+            expected = pattern.subn(marker, value)
+        assert rule.substitute(value, lowered) == expected, (kind, value)
+
+
+@given(secret_texts)
+def test_windowed_substitution_is_subn(value: str) -> None:
+    """Each rule's substitution finds exactly the matches ``pattern.subn`` finds."""
+    _check_substitution(value)
+
+
+def test_windowed_substitution_is_subn_for_every_name_and_value() -> None:
+    for name in NAMES:
+        for separator in ("", "=", ": ", '":"', "'"):
+            for value in VALUES:
+                for before in ("", "x", " ", "\\n", "_"):
+                    _check_substitution(f"{before}{name}{separator}{value} {name.upper()}{value}")
+
+
+def test_every_rule_with_a_lead_has_literal_hints() -> None:
+    assert all(rule.literals for rule in _BUILTIN if rule.lead is not None)
+    assert [rule.kind for rule in _BUILTIN if rule.lead is None] == ["pem_private_key"]
