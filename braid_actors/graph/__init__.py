@@ -37,6 +37,7 @@ from braid_actors.graph._runs import (
 from braid_actors.graph._state import (
     PROJECTION_VERSION,
     GraphState,
+    PieceCache,
     checksum,
     copy_state,
     dump_state,
@@ -51,6 +52,7 @@ __all__ = [
     "PROJECTION_VERSION",
     "RUN_TRANSITIONS",
     "GraphState",
+    "PieceCache",
     "RunMove",
     "apply",
     "branch",

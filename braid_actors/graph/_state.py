@@ -107,16 +107,29 @@ def dump_state(state: GraphState) -> dict[str, Any]:
     return out
 
 
-def iter_state_json(state: GraphState, encode: Callable[[Any], bytes]) -> Iterator[bytes]:
+PieceCache = dict[tuple[str, str], tuple[Any, bytes]]
+"""(collection, key) → (the entity, its encoded ``"key":value`` piece), kept between
+snapshots."""
+
+
+def iter_state_json(
+    state: GraphState, encode: Callable[[Any], bytes], cache: PieceCache | None = None
+) -> Iterator[bytes]:
     """The canonical JSON of :func:`dump_state`, one entity at a time.
 
     ``encode`` is a canonical JSON encoder (sorted keys, no whitespace): the joined pieces
     are then byte for byte ``encode(dump_state(state))``, since the dump's keys are in
     sorted order at every level. Each entity is unstructured only when its piece is asked
     for, so a caller can interleave other work (use it on a :func:`copy_state`).
+
+    With ``cache`` (kept by the caller from one call to the next, with the same
+    ``encode``), an entity that is the very object encoded last time gives its piece again:
+    entities are frozen and a fold replaces, never changes them, so only what changed since
+    is encoded anew. A pass that runs to its end leaves only this state's entities in it.
     """
     conv = converter()
     collections = dict(_COLLECTIONS)
+    seen: set[tuple[str, str]] = set()
     yield b"{"
     for index, name in enumerate(sorted([*collections, "queues", "active", "events"])):
         yield (b"," if index else b"") + encode(name) + b":"
@@ -125,12 +138,17 @@ def iter_state_json(state: GraphState, encode: Callable[[Any], bytes]) -> Iterat
             cls = collections[name]
             yield b"{"
             for n, key in enumerate(sorted(items)):
-                yield (
-                    (b"," if n else b"")
-                    + encode(key)
-                    + b":"
-                    + encode(conv.unstructure(items[key], cls))
-                )
+                entity = items[key]
+                hit = None if cache is None else cache.get((name, key))
+                if hit is not None and hit[0] is entity:
+                    piece = hit[1]
+                else:
+                    piece = encode(key) + b":" + encode(conv.unstructure(entity, cls))
+                    if cache is not None:
+                        cache[name, key] = (entity, piece)
+                if cache is not None:
+                    seen.add((name, key))
+                yield (b"," + piece) if n else piece
             yield b"}"
         elif name == "queues":
             yield encode({key: list(value) for key, value in state.queues.items()})
@@ -139,6 +157,9 @@ def iter_state_json(state: GraphState, encode: Callable[[Any], bytes]) -> Iterat
         else:
             yield encode(state.events)
     yield b"}"
+    if cache is not None:
+        for gone in [k for k in cache if k not in seen]:
+            del cache[gone]
 
 
 def load_state(data: Mapping[str, Any]) -> GraphState:

@@ -136,6 +136,8 @@ class GraphAdmission:
         self._snapshot_seq = seq
         self._staged_seq = seq
         """Sequence number the last record admitted into the write model will have."""
+        self._pieces: graph.PieceCache = {}
+        """Encoded entities of the last snapshot: the next one encodes only what changed."""
 
     @classmethod
     def load(cls, journal: Journal) -> GraphAdmission:
@@ -227,7 +229,7 @@ class GraphAdmission:
         self._snapshot_seq = self.seq
         # A copy later folds do not change, encoded piece by piece between commits.
         return graph.PROJECTION_VERSION, graph.iter_state_json(
-            graph.copy_state(self.read), canonical_bytes
+            graph.copy_state(self.read), canonical_bytes, self._pieces
         )
 
 

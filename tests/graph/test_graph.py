@@ -516,3 +516,41 @@ def test_the_state_json_pieces_join_to_the_canonical_dump() -> None:
     assert b"".join(graph.iter_state_json(GraphState(), canonical_json)) == canonical_json(
         graph.dump_state(GraphState())
     )
+
+
+def test_cached_pieces_give_the_same_json_as_the_state_changes() -> None:
+    """With a piece cache kept between calls, every call still joins to the canonical
+    dump of the state as it is then, the unchanged entities are not encoded again, and
+    an entity that left the state leaves the cache."""
+    from braid_actors.model import canonical_json
+
+    encoded: list[Any] = []
+
+    def counting(value: Any) -> bytes:
+        encoded.append(value)
+        return canonical_json(value)
+
+    g = G()
+    b = g.conversation(title="one")
+    g.turn(b, "first")
+    _, run_id = g.turn(b, "second", finish=False)
+    cache: graph.PieceCache = {}
+    first = b"".join(graph.iter_state_json(graph.copy_state(g.s), counting, cache))
+    assert first == canonical_json(graph.dump_state(g.s))
+    entities = graph.entity_count(g.s)
+    assert len(cache) == entities
+    encoded.clear()
+    again = b"".join(graph.iter_state_json(graph.copy_state(g.s), counting, cache))
+    assert again == first
+    # only the queues and the active map are encoded again, no entity
+    assert len([v for v in encoded if isinstance(v, dict)]) == 2
+    g.run_to_end(run_id)  # replaces a cached run and its reply: their pieces are stale
+    g.turn(b, "third", finish=False)  # and new entities
+    changed = b"".join(graph.iter_state_json(graph.copy_state(g.s), counting, cache))
+    assert changed == canonical_json(graph.dump_state(g.s))
+    fresh = b"".join(graph.iter_state_json(g.s, canonical_json))
+    assert changed == fresh
+    key = next(iter(g.s.messages))
+    del g.s.messages[key]  # an entity that leaves the state leaves the cache
+    b"".join(graph.iter_state_json(graph.copy_state(g.s), counting, cache))
+    assert ("messages", key) not in cache
