@@ -6,18 +6,22 @@ import functools
 import hashlib
 import queue
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from braid_actors import graph
 from braid_actors.errors import BadRequest
 from braid_actors.journal import CommittedRecord, Journal, NewRecord
+from braid_actors.model import CountingIds
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
     from braid_actors.journal._encoding import PreparedAppend
+    from braid_actors.model import Event
 
 SIDE_FILES = ("journal.sqlite3-wal", "journal.sqlite3-shm")
 
@@ -121,3 +125,22 @@ class CountProjector:
 
     def dump(self, state: dict[str, int]) -> Mapping[str, Any]:
         return state
+
+
+class EventLog:
+    """Graph events built with the app's own builders, folded as they are made."""
+
+    def __init__(self) -> None:
+        self.state = graph.GraphState()
+        self.ids = CountingIds()
+        self.events: list[Event] = []
+        self._clock = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(self) -> datetime:
+        """A time one second after the previous one."""
+        self._clock += timedelta(seconds=1)
+        return self._clock
+
+    def add(self, ev: Event) -> None:
+        graph.apply(self.state, ev)
+        self.events.append(ev)

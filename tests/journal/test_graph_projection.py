@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,7 +24,6 @@ from braid_actors.journal import (
     verify_journal,
 )
 from braid_actors.model import (
-    CountingIds,
     Event,
     Outcome,
     RunDispatched,
@@ -34,25 +33,16 @@ from braid_actors.model import (
     Usage,
 )
 
+from ._helpers import EventLog
+
 if TYPE_CHECKING:
     from pathlib import Path
 
 
 def _events(n_turns: int) -> list[Event]:
     """A realistic sequence built with the same builders the app uses."""
-    state = graph.GraphState()
-    ids = CountingIds()
-    clock = [datetime(2026, 1, 1, tzinfo=UTC)]
-
-    def at() -> datetime:
-        clock[0] += timedelta(seconds=1)
-        return clock[0]
-
-    out: list[Event] = []
-
-    def add(ev: Event) -> None:
-        graph.apply(state, ev)
-        out.append(ev)
+    log = EventLog()
+    state, ids, at, add, out = log.state, log.ids, log.at, log.add, log.events
 
     created = graph.create_conversation(
         state,

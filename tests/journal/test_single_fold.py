@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -19,7 +19,6 @@ from braid_actors.journal import (
     run_journal,
 )
 from braid_actors.model import (
-    CountingIds,
     Event,
     Outcome,
     RunFinished,
@@ -27,6 +26,8 @@ from braid_actors.model import (
     TextPart,
     Usage,
 )
+
+from ._helpers import EventLog
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -38,19 +39,8 @@ ROUNDS = 6
 def _dispatched(n: int) -> tuple[list[Event], list[tuple[str, str, str]]]:
     """Events that leave ``n`` runs dispatched (one per conversation), and each run's
     (conversation, run, reply message)."""
-    state, ids = graph.GraphState(), CountingIds()
-    clock = [datetime(2026, 1, 1, tzinfo=UTC)]
-
-    def at() -> datetime:
-        clock[0] += timedelta(seconds=1)
-        return clock[0]
-
-    out: list[Event] = []
-
-    def add(ev: Event) -> None:
-        graph.apply(state, ev)
-        out.append(ev)
-
+    log = EventLog()
+    state, ids, at, add, out = log.state, log.ids, log.at, log.add, log.events
     runs = []
     for i in range(n):
         created = graph.create_conversation(
