@@ -367,8 +367,9 @@ def _build_restart_home(home: Path, events: int, active: int) -> None:
             spool_path(spools, run_id).write_bytes(b"".join(encode_message(m) for m in lines))
         if batch:
             journal.append(batch)
-        # A running Braid snapshots its projection every SNAPSHOT_EVERY events; this one is
-        # at the journal's end (the best case: a real tail is up to SNAPSHOT_EVERY events).
+        # A running Braid snapshots its projection once the tail holds SNAPSHOT_EVERY events
+        # and SNAPSHOT_PER_ENTITY events per graph entity; this one is at the journal's end
+        # (the best case: a real tail may hold that many events more to replay).
         journal.save_snapshot(journal.last_seq, graph.PROJECTION_VERSION, graph.dump_state(state))
     del written
 
