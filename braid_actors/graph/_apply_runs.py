@@ -179,8 +179,8 @@ def _run_part_updated(state: GraphState, ev: RunPartUpdated, seq: int | None) ->
             listed.append(ev.part)
         new_parts = tuple(listed)
     count = run.events.count + 1
-    # ``replace`` (not ``attrs.evolve``): this runs twice per provider event (write model
-    # and read model), and evolve's generic field walk was a fifth of the journal's cost.
+    # ``replace`` (not ``attrs.evolve``): this runs once per provider event, and evolve's
+    # generic field walk was a fifth of the journal's cost.
     state.messages[msg.message_id] = replace(
         msg,
         parts=new_parts,

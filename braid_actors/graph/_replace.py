@@ -11,8 +11,9 @@ A property test checks the two agree for every entity class.
 
 from __future__ import annotations
 
+import functools
 import operator
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import attrs
 
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _Plan: TypeAlias = "tuple[Callable[[Any], tuple[Any, ...]], dict[str, int]] | None"
-_PLANS: dict[type, _Plan] = {}
 
 
+@functools.cache
 def _plan(cls: type) -> _Plan:
     fields = attrs.fields(cls)
     if any(not f.init or f.kw_only or f.alias != f.name for f in fields) or len(fields) < 2:
@@ -36,10 +37,7 @@ def _plan(cls: type) -> _Plan:
 def replace(inst: T, **changes: Any) -> T:
     """A copy of the frozen attrs instance ``inst`` with ``changes`` (like ``attrs.evolve``)."""
     cls = type(inst)
-    try:
-        plan = _PLANS[cls]
-    except KeyError:
-        plan = _PLANS[cls] = _plan(cls)
+    plan = _plan(cast("type", cls))
     if plan is None:
         return attrs.evolve(inst, **changes)  # type: ignore[misc]
     getter, index = plan

@@ -16,6 +16,7 @@ model is typed strictly (mypy), so the declared type is what a field holds.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from datetime import datetime
@@ -26,16 +27,12 @@ import attrs
 _LEAVES: Final = (str, int, bool, type(None), datetime)
 _DYNAMIC: Final = "dynamic"
 _Plan = tuple[str, ...] | None  # fields to check on the value, or None: may hold a float
-_PLANS: dict[type, _Plan] = {}
 
 
 def floatless(value: Any) -> bool:
     """True when ``value`` (an attrs instance of the model) provably holds no float."""
-    cls = type(value)
-    try:
-        plan = _PLANS[cls]
-    except KeyError:
-        plan = _PLANS[cls] = _plan(cls)
+    cls: type = type(value)
+    plan = _plan(cls)
     if plan is None:
         return False
     for name in plan:
@@ -45,6 +42,7 @@ def floatless(value: Any) -> bool:
     return True
 
 
+@functools.cache
 def _plan(cls: type) -> _Plan:
     if not attrs.has(cls):
         return None

@@ -330,8 +330,7 @@ class TreeObserver:
             argv = _procstat.read_argv(key.pid)
             if argv is not None:
                 member.argv, member.argv_truncated = _bounded(argv, self.argv_limit)
-        own = math.fsum((line.user, line.system))
-        reaped = math.fsum((line.children_user, line.children_system))
+        cpu, reaped = _cpu_split(line)  # the same fields psutil's cpu_times names
         snapshot = ProcessSnapshot(
             key=key,
             ppid=line.ppid,
@@ -339,7 +338,7 @@ class TreeObserver:
             argv=member.argv,
             argv_truncated=member.argv_truncated,
             status=line.status,
-            cpu_seconds=own + reaped,
+            cpu_seconds=cpu,
             rss_bytes=rss,
         )
         readable = zombie or rss is not None
