@@ -65,6 +65,30 @@ def _evidence(**fields: Any) -> str:
     return _EVIDENCE.encode(fields)
 
 
+def _task_evidence(action: sqlite3.Row, agent_source: str) -> str:
+    """The evidence of a Task call's link to a member of the agent its action names."""
+    return _evidence(
+        basis="agentId",
+        value=action["agent_id"],
+        tool_call_id=action["tool_call_id"],
+        action_entry_id=action["entry_id"],
+        action_object_hash=action["object_hash"],
+        parent_source_id=action["source_id"],
+        agent_source_id=agent_source,
+    )
+
+
+def _sidechains(conn: sqlite3.Connection, run_id: str) -> dict[str, list[str]]:
+    """agent id → the run's sources of that agent, in the order they were stored."""
+    sidechains: dict[str, list[str]] = {}
+    for source, agent in _tuples(conn).execute(
+        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
+        (run_id,),
+    ):
+        sidechains.setdefault(agent, []).append(source)
+    return sidechains
+
+
 def _insert(
     conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, str, str | None, str]]
 ) -> None:
@@ -270,12 +294,7 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
     that is new or names an agent of ``changes.agents`` (the first member of any other
     agent is as it was).
     """
-    sidechains: dict[str, list[str]] = {}
-    for source, agent in _tuples(conn).execute(
-        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
-        (run_id,),
-    ):
-        sidechains.setdefault(agent, []).append(source)
+    sidechains = _sidechains(conn, run_id)
     added: dict[str, list[tuple[str, str, str]]] = {}
     for entry, kind, source, agent in changes.members:
         added.setdefault(agent, []).append((entry, kind, source))
@@ -303,21 +322,10 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
             members = members_of[agent] = _source_entries(conn, sidechains[agent])
         if not members:
             continue
-
-        def evidence(source: str, action: sqlite3.Row = action) -> str:
-            return _evidence(
-                basis="agentId",
-                value=action["agent_id"],
-                tool_call_id=action["tool_call_id"],
-                action_entry_id=action["entry_id"],
-                action_object_hash=action["object_hash"],
-                parent_source_id=action["source_id"],
-                agent_source_id=source,
-            )
-
         first, first_kind, first_source = members[0]
         firsts.setdefault(
-            (call, first, "task_agent"), (relation_of(first_kind), evidence(first_source))
+            (call, first, "task_agent"),
+            (relation_of(first_kind), _task_evidence(action, first_source)),
         )
         fresh = members if call in changes.calls else added.get(agent, [])
         if fresh:
@@ -326,7 +334,7 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
             for member, _kind, source in fresh:
                 text = evidence_of.get(source)
                 if text is None:
-                    text = evidence_of[source] = evidence(source)
+                    text = evidence_of[source] = _task_evidence(action, source)
                 new.setdefault((member, call, "task_agent"), (call_relation, text))
     _insert(conn, [(run_id, *key, *value) for key, value in new.items()])
     stored: list[tuple[Any, ...]] = []
@@ -357,12 +365,7 @@ def run_links(
     it is encoded once per source; an agent's entries are read once per rebuild however many
     actions name it.
     """
-    sidechains: dict[str, list[str]] = {}
-    for source, agent in _tuples(conn).execute(
-        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
-        (run_id,),
-    ):
-        sidechains.setdefault(agent, []).append(source)
+    sidechains = _sidechains(conn, run_id)
     members_of: dict[str, list[tuple[str, str, str]]] = {}
 
     def members(agent: str) -> list[tuple[str, str, str]]:
@@ -387,15 +390,7 @@ def run_links(
         for index, (member, kind, source) in enumerate(found):
             evidence = evidence_of.get(source)
             if evidence is None:
-                evidence = evidence_of[source] = _evidence(
-                    basis="agentId",
-                    value=agent,
-                    tool_call_id=action["tool_call_id"],
-                    action_entry_id=call,
-                    action_object_hash=action["object_hash"],
-                    parent_source_id=action["source_id"],
-                    agent_source_id=source,
-                )
+                evidence = evidence_of[source] = _task_evidence(action, source)
             add((member, call, "task_agent"), (call_relation, evidence))
             if index == 0:
                 add((call, member, "task_agent"), (relation_of(kind), evidence))
