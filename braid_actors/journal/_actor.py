@@ -504,7 +504,7 @@ async def _gather(pieces: Iterable[bytes]) -> bytes:
     the read model's piece cache spares the unchanged ones). Gathered 64 at a time between
     passes they took most of each pass, the loop fell behind, and acknowledgements waited
     100-150 ms for a few hundred milliseconds around every snapshot (the p99 of
-    ``tools/bench runs``: 110 ms; 62-70 ms spread out). A snapshot then takes ~0.4 s to be
+    ``tools/bench runs``: 110 ms; 62-70 ms spread out). A snapshot then takes 0.4-1 s to be
     gathered, and a restart replays the events committed meanwhile.
     """
     out: list[bytes] = []

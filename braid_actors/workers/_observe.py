@@ -64,9 +64,6 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-_ASK_PSUTIL: Final = object()
-"""A stat line could not be read: the member is read through psutil."""
-
 ARGV_LIMIT: Final = 1024
 """Characters of a process's argv kept in a snapshot (the arguments' lengths summed)."""
 
@@ -264,9 +261,8 @@ class TreeObserver:
         shows its parent's until the next sample); a zombie keeps its last one.
         """
         if _procstat.AVAILABLE:
-            fast = self._read_stat(member)
-            if fast is not _ASK_PSUTIL:
-                return fast  # type: ignore[return-value]
+            with contextlib.suppress(_procstat.Unreadable):
+                return self._read_stat(member)
         proc, key = member.proc, member.key
         try:
             if not proc.is_running():  # re-reads the creation time: a reused pid is gone
@@ -302,22 +298,20 @@ class TreeObserver:
         readable = status != "unknown" and cpu is not None and (zombie or rss is not None)
         return _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
 
-    def _read_stat(self, member: _Member) -> _Reading | object | None:
-        """:meth:`_read` from one stat line (see ``_procstat``); :data:`_ASK_PSUTIL` when
-        the line cannot be read."""
+    def _read_stat(self, member: _Member) -> _Reading | None:
+        """:meth:`_read` from one stat line (see ``_procstat``); raises
+        :class:`~braid_actors.workers._procstat.Unreadable` when psutil must read it."""
         key = member.key
         line = _procstat.read_stat(key.pid)
-        if line is _procstat.GONE:
+        if line is None:
             return None
-        if not isinstance(line, _procstat.StatLine):
-            return _ASK_PSUTIL
         if member.start_tick is None:
             # First reading: the pid must still name the process psutil saw (its creation
             # time is the boot time plus the start tick); from now on the tick names it.
             try:
                 start = psutil.boot_time() + line.start_tick / _procstat.TICKS
             except psutil.Error:
-                return _ASK_PSUTIL
+                raise _procstat.Unreadable("the boot time cannot be read") from None
             if not same_start(start, key.create_time):
                 return None
             member.start_tick = line.start_tick

@@ -62,20 +62,20 @@ class StatLine:
         return self.status == "zombie"
 
 
-GONE: Final = "gone"
-"""What :func:`read_stat` returns when there is no process ``pid``."""
+class Unreadable(Exception):
+    """A stat line that cannot be read, or is not one this module knows: ask psutil."""
 
 
-def read_stat(pid: int) -> StatLine | str | None:
-    """``pid``'s stat line; :data:`GONE` when there is no such process; ``None`` when the
-    line cannot be read or is not one this module knows (the caller asks psutil)."""
+def read_stat(pid: int) -> StatLine | None:
+    """``pid``'s stat line, or ``None`` when there is no such process; raises
+    :class:`Unreadable` when the line cannot be read or parsed."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             data = stat.read()
     except (FileNotFoundError, ProcessLookupError):
-        return GONE
-    except OSError:
         return None
+    except OSError as exc:
+        raise Unreadable(str(exc)) from None
     # "pid (comm) state ppid pgrp ...": comm may hold spaces and ")", so the fields are read
     # after the last ")" (as psutil does).
     fields = data[data.rfind(b")") + 2 :].split()
@@ -91,7 +91,7 @@ def read_stat(pid: int) -> StatLine | str | None:
             start_tick=int(fields[19]),
         )
     except (IndexError, ValueError):
-        return None  # not a stat line this module knows: the caller reads it another way
+        raise Unreadable(f"/proc/{pid}/stat is not a stat line this module reads") from None
 
 
 def read_rss(pid: int) -> int | None:
