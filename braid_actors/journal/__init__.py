@@ -23,6 +23,7 @@ from ._projection import (
     record_to_event,
 )
 from ._records import AppendResult, CommittedRecord, NewRecord, Operation
+from ._request import Request
 from ._store import Journal
 from ._verify import Projector, VerifyReport, verify_journal
 
@@ -37,6 +38,7 @@ __all__ = [
     "NewRecord",
     "Operation",
     "Projector",
+    "Request",
     "SnapshottingAdmission",
     "VerifyReport",
     "event_to_record",

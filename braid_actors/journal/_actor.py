@@ -424,6 +424,23 @@ class JournalHandle:
         the journal's ``answer_within``, :class:`JournalTimeout` is raised when no answer came
         in that time (the outcome is then unknown).
         """
+        request = await self.submit(records, operation, shielded=shielded)
+        return await request.result()
+
+    async def submit(
+        self,
+        records: Sequence[NewRecord],
+        operation: Operation | None = None,
+        *,
+        shielded: bool = False,
+    ) -> Request:
+        """Queue an append and return its :class:`Request` without waiting for the answer.
+
+        Requests are decided and committed in the order they were queued, so a producer
+        may queue one and learn its outcome later (``await request.result()``, which raises
+        what :meth:`append` raises). Raises here what is known before queueing:
+        :class:`BadRequest` and :class:`JournalClosed`.
+        """
         if self._actor.closing:
             raise JournalClosed("the journal is shutting down and accepts no appends")
         request = Request(prepare_append(records, operation), shielded=shielded)
@@ -433,16 +450,34 @@ class JournalHandle:
             deadlines.add(request)  # before the send: a send blocked on a full queue counts
         try:
             try:
-                # fast path: queue without yielding; the wait below is this call's checkpoint
+                # fast path: queue without yielding (a queued request is not withdrawn)
                 self._send.send_nowait(request)
             except trio.WouldBlock:
                 await self._send.send(request)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise JournalClosed("the journal is shutting down and accepts no appends") from None
-        outcome = await request.wait()
-        if isinstance(outcome, BraidError):
-            raise outcome
-        return outcome
+        return request
+
+    def submit_nowait(
+        self,
+        records: Sequence[NewRecord],
+        operation: Operation | None = None,
+        *,
+        shielded: bool = False,
+    ) -> Request | None:
+        """:meth:`submit` without waiting: ``None`` when the request can't be queued at
+        once (the queue is full or the journal is closing; :meth:`submit` then waits or
+        raises). Raises :class:`BadRequest` as :meth:`submit` does."""
+        if self._actor.closing:
+            return None
+        request = Request(prepare_append(records, operation), shielded=shielded)
+        try:
+            self._send.send_nowait(request)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return None
+        if self._actor.deadlines is not None:
+            self._actor.deadlines.add(request)
+        return request
 
     async def recorded(self, op_id: str, params_digest: str) -> Mapping[str, Any] | None:
         """The result recorded for a committed operation with this digest, else None.

@@ -76,6 +76,18 @@ class Request:
         assert self.outcome is not None
         return self.outcome
 
+    async def result(self) -> AppendResult:
+        """:meth:`wait`, raising the :class:`BraidError` that answered it."""
+        outcome = await self.wait()
+        if isinstance(outcome, BraidError):
+            raise outcome
+        return outcome
+
+    @property
+    def answered(self) -> bool:
+        """True once the journal (or the watchdog) answered."""
+        return self.outcome is not None
+
 
 @attrs.define(eq=False)
 class AnswerDeadlines:

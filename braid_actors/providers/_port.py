@@ -18,6 +18,7 @@ import trio
 
 from braid_actors.model import ContextTransferReceipt as ContextTransferReceipt
 from braid_actors.model import Part, Role, Usage
+from braid_actors.workers import PipeHub
 
 if TYPE_CHECKING:
     from braid_actors.workers import ProcessInfo
@@ -179,6 +180,9 @@ class RunControl:
 
     cancel_requested: trio.Event = attrs.Factory(trio.Event)
     reason: str | None = None
+    pipes: PipeHub | None = None
+    """The supervisor's pipe hub, which may read the turn's worker output (none: each
+    worker pipe has a reader of its own)."""
     _on_cancel: list[Callable[[], None]] = attrs.field(factory=list, init=False)
 
     def request_cancel(self, reason: str) -> None:
@@ -201,6 +205,15 @@ class RunControl:
                 self._on_cancel.remove(callback)
 
         return remove
+
+
+@runtime_checkable
+class PartNowaitSink(Protocol):
+    """A sink that can also take a part update without waiting (a fast path)."""
+
+    def part_nowait(self, part: Part) -> bool:
+        """Take the part update now and return True, or change nothing and return False
+        (the caller then calls ``part``)."""
 
 
 class RunSink(Protocol):

@@ -28,6 +28,7 @@ from braid_actors.model import (
     Usage,
 )
 from braid_actors.providers._cancel import run_watched
+from braid_actors.providers._local_fast import fast_parts
 from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import (
@@ -163,7 +164,10 @@ class LocalProvider:
             term_grace=timeouts.term_grace,
             kill_grace=timeouts.kill_grace,
         )
-        async with open_worker(command, env=worker_environment(), policy=policy) as worker:
+        pipes = control.pipes if control is not None else None
+        async with open_worker(
+            command, env=worker_environment(), policy=policy, pipes=pipes
+        ) as worker:
             turn = _Turn(
                 timeouts=timeouts, worker=worker, request=request, sink=sink, control=control
             )
@@ -338,7 +342,11 @@ class _Turn:
         # One idle deadline for the whole stream, moved before each receive (a scope per
         # message costs more than anything else done per message).
         with trio.CancelScope() as idle:
-            result = await self._stream(idle)
+            refresh = min(_IDLE_REFRESH, self.timeouts.idle / 10)
+            session = lambda: self.session  # noqa: E731
+            idle_s = self.timeouts.idle
+            with fast_parts(self.worker, self.sink, session, idle, idle_s, refresh):
+                result = await self._stream(idle)
         if idle.cancelled_caught:
             raise _Silent(
                 f"worker_unresponsive: the local worker sent nothing for {self.timeouts.idle:g} s"

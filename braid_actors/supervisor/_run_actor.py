@@ -99,7 +99,7 @@ class RunActor:
         """Started by reconciliation: the previous supervisor already dispatched this run."""
         self.gone = False
         """Set when a re-attached worker turned out gone without reporting its end."""
-        self.control = RunControl()
+        self.control = RunControl(pipes=sup.pipes)
         self.scope = trio.CancelScope()
         """Cancelled by shutdown: the provider stops its processes, the run ends."""
         self._stop = trio.CancelScope()
@@ -331,8 +331,9 @@ class RunActor:
             with self._stop, trio.move_on_after(budget) as deadline:
                 try:
                     result = await call(self.sink)
+                    await self.sink.settle()  # its last part updates are committed
                 except BraidError as exc:
-                    failure = exc.message
+                    result, failure = None, exc.message
             if deadline.cancelled_caught and self.crossing is None:
                 if wall is not None:
                     self.crossing = Crossing("wall_seconds", wall, wall)

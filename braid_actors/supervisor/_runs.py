@@ -23,7 +23,6 @@ from braid_actors._faults import crash_point
 from braid_actors.errors import (
     BraidError,
     InteractionNotPending,
-    JournalTimeout,
     UnknownInteraction,
 )
 from braid_actors.evidence import EvidenceStore, ProcessObservation, Redactor
@@ -44,13 +43,20 @@ from braid_actors.model import (
 from braid_actors.providers import InteractionAnswer, Provider
 from braid_actors.supervisor._reconcile_cli import stop_strays
 from braid_actors.supervisor._run_actor import RunActor
-from braid_actors.workers import ObservationHub, adopt, find_local_workers
+from braid_actors.supervisor._sink import recorded_seq
+from braid_actors.workers import (
+    ObservationHub,
+    PipeHub,
+    adopt,
+    find_local_workers,
+    pipe_hub_supported,
+)
 from braid_actors.workers import kill as kill_process
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from braid_actors.journal import CommittedRecord, GraphAdmission, JournalHandle
+    from braid_actors.journal import CommittedRecord, GraphAdmission, JournalHandle, Request
     from braid_actors.supervisor._sink import PendingInteraction
 
 _log = logging.getLogger("braid.supervisor")
@@ -102,6 +108,7 @@ class RunsSupervisor:
         # One observer samples every run's worker tree, one thread hop per interval, with
         # one read of the process table per quarter interval (workers/_hub.py).
         self.hub = ObservationHub(observe_interval)
+        self.pipes = PipeHub() if pipe_hub_supported() else None
         self.artifacts_dir = artifacts_dir
         self.evidence = evidence
         self._redactor = Redactor.create()
@@ -133,13 +140,18 @@ class RunsSupervisor:
         Raises ``trio.TooSlowError`` when the journal did not answer within its deadline
         (the app's journal has ``answer_within=RECORD_DEADLINE``).
         """
+        return await recorded_seq(await self.submit(event))
+
+    async def submit(self, event: Event) -> Request:
+        """Queue a run event for the journal and return without waiting for its commit;
+        :func:`recorded_seq` of the request waits (events are committed in queue order)."""
         # A shielded append, not a shielded cancel scope with a deadline: this is once per
         # event, and the scope (its deadline's registration) cost more than the append.
-        try:
-            result = await self.journal.append([event_to_record(event)], shielded=True)
-        except JournalTimeout as exc:
-            raise trio.TooSlowError(exc.message) from exc
-        return result.records[-1].seq
+        return await self.journal.submit([event_to_record(event)], shielded=True)
+
+    def submit_nowait(self, event: Event) -> Request | None:
+        """:meth:`submit` if the journal can queue the event at once, else ``None``."""
+        return self.journal.submit_nowait([event_to_record(event)], shielded=True)
 
     async def keep_log(self, text: str) -> str | None:
         """Keep a worker's bounded stderr as a content-addressed artifact; its ``sha256:``.
@@ -227,6 +239,8 @@ class RunsSupervisor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.hub.run)
+            if self.pipes is not None:
+                await nursery.start(self.pipes.run)
             await self._reconcile()
             task_status.started(self)
             while True:

@@ -33,6 +33,7 @@ from braid_actors.workers._observe import (
     TreeSample,
     observe_tree,
 )
+from braid_actors.workers._pipes import HubLineReader, PipeHub, pipe_hub_supported
 from braid_actors.workers._process import (
     BoundedLog,
     ProcessInfo,
@@ -85,9 +86,11 @@ __all__ = [
     "ControlResult",
     "Crossing",
     "Dimension",
+    "HubLineReader",
     "LineReader",
     "Measured",
     "ObservationHub",
+    "PipeHub",
     "ProcessInfo",
     "ProcessKey",
     "ProcessSnapshot",
@@ -116,6 +119,7 @@ __all__ = [
     "observe_tree",
     "open_worker",
     "pause",
+    "pipe_hub_supported",
     "process_gone",
     "read_parent_ids",
     "read_session",

@@ -38,9 +38,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 import attrs
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import trio
+from trio.lowlevel import FdStream
 
 from braid_actors.errors import RuntimeFault, WorkerStartFailed, WorkerStopTimeout
 from braid_actors.workers._identity import ProcessKey, presence
+from braid_actors.workers._pipes import HubLineReader, PipeHub
 from braid_actors.workers._wire import DEFAULT_MAX_LINE, LineReader, decode_message, encode_message
 
 if TYPE_CHECKING:
@@ -133,7 +135,7 @@ class WorkerProcess:
 
     info: ProcessInfo
     process: trio.Process
-    reader: LineReader
+    reader: LineReader | HubLineReader
     log: BoundedLog
     policy: StopPolicy
     stop_report: StopReport | None = None
@@ -288,6 +290,7 @@ async def open_worker(
     policy: StopPolicy | None = None,
     max_line: int = DEFAULT_MAX_LINE,
     log_limit: int = DEFAULT_LOG_LIMIT,
+    pipes: PipeHub | None = None,
 ) -> AsyncIterator[WorkerProcess]:
     """Start ``command`` as a worker in its own process group; stop it on exit.
 
@@ -295,7 +298,8 @@ async def open_worker(
     it first waits ``policy.grace`` for the worker to exit by itself; after an error or a
     cancellation it starts at SIGTERM. An owner that wants a cooperative stop calls
     :meth:`WorkerProcess.stop` with one before leaving. Raises :class:`WorkerStartFailed`
-    when the process cannot be started.
+    when the process cannot be started. With a running ``pipes`` hub, stdout is read by
+    the hub (:class:`HubLineReader`) instead of a reader of its own.
     """
     policy = policy or StopPolicy()
     argv = tuple(command)
@@ -316,12 +320,18 @@ async def open_worker(
         ) from None
     # This frame lives as long as the worker: don't keep a copy of the environment in it.
     del env
+    reader: LineReader | HubLineReader | None = None
     try:
         assert process.stdout is not None
+        info = _describe(process, argv)
+        if pipes is not None and pipes.running and isinstance(process.stdout, FdStream):
+            reader = pipes.reader(process.stdout, max_line=max_line)
+        else:
+            reader = LineReader(process.stdout, max_line=max_line)
         worker = WorkerProcess(
-            info=_describe(process, argv),
+            info=info,
             process=process,
-            reader=LineReader(process.stdout, max_line=max_line),
+            reader=reader,
             log=BoundedLog(limit=log_limit),
             policy=policy,
         )
@@ -354,6 +364,8 @@ async def open_worker(
                     os.killpg(process.pid, signal.SIGKILL)
                 with trio.move_on_after(policy.kill_grace):
                     await process.wait()
+            if isinstance(reader, HubLineReader):
+                reader.close()  # before its descriptor is closed (and maybe reused)
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None:
                     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

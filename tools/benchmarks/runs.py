@@ -4,7 +4,7 @@
     through the in-process supervisor (journal actor, run actors, observation). Every
     worker first waits, idle, for one common start line (``?at``, ``--margin`` seconds after
     submission), so all N stream at once in the measured window: the supervisor's CPU
-    share of one core, p50/p99 event -> durable ack (time from the run actor's record call
+    share of one core, p50/p99 event -> durable ack (time from the run actor's submit
     to the journal's acknowledgement), supervisor RSS per idle admitted run (measured while
     every worker waits for the start line), and events lost (journaled part updates versus
     what every worker sent).
@@ -35,7 +35,7 @@ import trio
 
 from braid_actors import graph
 from braid_actors.app import BraidApp, call, open_app, settle_process
-from braid_actors.journal import Journal, event_to_record, load_or_create_key
+from braid_actors.journal import Journal, Request, event_to_record, load_or_create_key
 from braid_actors.model import (
     CountingIds,
     Event,
@@ -126,16 +126,37 @@ async def concurrent(
     workspace.mkdir()
     me = psutil.Process()
     latencies: list[float] = []
-    original = RunsSupervisor.record
+    # Event -> durable ack: from the run actor's submit of a part update to the journal's
+    # answer (a part update's commit is awaited later, by the run's next report).
+    original = RunsSupervisor.submit
+    original_answer = Request.answer
+    started: dict[Request, float] = {}
 
-    async def timed(self: RunsSupervisor, event: Event) -> int:
+    async def timed(self: RunsSupervisor, event: Event) -> Request:
         start = time.perf_counter()
-        seq = await original(self, event)
+        request = await original(self, event)
         if isinstance(event, RunPartUpdated):
-            latencies.append(time.perf_counter() - start)
-        return seq
+            started[request] = start
+        return request
 
-    RunsSupervisor.record = timed  # type: ignore[method-assign]
+    original_nowait = RunsSupervisor.submit_nowait
+
+    def timed_nowait(self: RunsSupervisor, event: Event) -> Request | None:
+        start = time.perf_counter()
+        request = original_nowait(self, event)
+        if request is not None and isinstance(event, RunPartUpdated):
+            started[request] = start
+        return request
+
+    def answered(self: Request, outcome: Any) -> None:
+        original_answer(self, outcome)
+        start = started.pop(self, None)
+        if start is not None:
+            latencies.append(time.perf_counter() - start)
+
+    RunsSupervisor.submit = timed  # type: ignore[method-assign]
+    RunsSupervisor.submit_nowait = timed_nowait  # type: ignore[method-assign]
+    Request.answer = answered  # type: ignore[method-assign]
     # The journal's transaction (rows, COMMIT with its fsync) as the writer thread sees it:
     # with the ack latency, it tells the commit's wall time from the actor's cycle.
     commit_original = Journal.commit_prepared
@@ -222,7 +243,9 @@ async def concurrent(
             await app.shutdown(drain=True)
             nursery.cancel_scope.cancel()
     finally:
-        RunsSupervisor.record = original  # type: ignore[method-assign]
+        RunsSupervisor.submit = original  # type: ignore[method-assign]
+        RunsSupervisor.submit_nowait = original_nowait  # type: ignore[method-assign]
+        Request.answer = original_answer  # type: ignore[method-assign]
         Journal.commit_prepared = commit_original  # type: ignore[method-assign]
         gc.callbacks.remove(gc_clock)
         shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""Part updates through the journal sink: queued without waiting, committed in order.
+
+Real app, real journal, real local workers read by the supervisor's pipe hub.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from braid_actors.app import BraidApp, call, open_app
+from braid_actors.errors import BraidError
+from braid_actors.journal import Journal, load_or_create_key
+from braid_actors.model import TextPart
+from braid_actors.supervisor._sink import JournalSink
+
+
+@pytest.fixture
+async def braid(tmp_path: Path) -> AsyncIterator[tuple[BraidApp, Path]]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with trio.open_nursery() as nursery:
+        app: BraidApp = await nursery.start(
+            functools.partial(open_app, tmp_path / "home", env={}, observe_interval=0.2)
+        )
+        yield app, workspace
+        if not app.stopped.is_set():
+            await app.shutdown(drain=False, grace=5)
+        nursery.cancel_scope.cancel()
+
+
+async def _finished_run(app: BraidApp, workspace: Path, text: str) -> str:
+    created = await call(app, "create_conversation", {"workspace": str(workspace)})
+    sent = await call(app, "submit_turn", {"branchId": created["branchId"], "text": text})
+    run_id: str = sent["runId"]
+    record = await call(app, "wait_run", {"runId": run_id, "timeoutS": 60})
+    assert record["state"] == "succeeded", record
+    return run_id
+
+
+def _part_records(app: BraidApp, run_id: str) -> list[dict[str, Any]]:
+    with Journal.open(app.home, load_or_create_key(app.home, {}), readonly=True) as journal:
+        return [
+            dict(r.data)
+            for r in journal.read()
+            if r.type == "run.part_updated" and r.data.get("run_id") == run_id
+        ]
+
+
+async def test_a_stream_is_journaled_in_order_mostly_by_the_hubs_fast_path(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """Every update of a streamed part is journaled once, in order, with consecutive
+    cursors, and the pipe hub handled them without waking the run's task."""
+    app, workspace = braid
+    hub = app.runs.pipes
+    assert hub is not None
+    before = hub.fast_lines
+    run_id = await _finished_run(app, workspace, "?stream 1 30")
+    records = _part_records(app, run_id)
+    streamed = [r for r in records if str(r["part"]["text"]).startswith("Streaming")]
+    assert [r["part"]["text"] for r in streamed] == ["Streaming" + "." * n for n in range(1, 31)]
+    cursors = [r["cursor"] for r in records]
+    assert cursors == list(range(cursors[0], cursors[0] + len(records)))
+    # The first part update (right after the session) may take the task's path; the rest
+    # are the hub's, each with the previous one committed well before (30 ms apart).
+    assert hub.fast_lines - before >= 25
+    message = app.state.messages[app.run(run_id).assistant_message_id or ""]
+    assert next(p.text for p in message.parts if isinstance(p, TextPart)) == "Streaming" + "." * 30
+
+
+async def test_a_refused_part_update_is_raised_by_the_sinks_next_call(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """``part`` returns once queued; the refusal comes with the next report or ``settle``,
+    and ``part_nowait`` declines while the previous update is refused or unanswered."""
+    app, workspace = braid
+    run_id = await _finished_run(app, workspace, "hello")
+    calls: list[str] = []
+
+    async def nothing(*_: object) -> None:
+        calls.append("callback")
+
+    sink = JournalSink(app.runs, run_id, on_worker=nothing, on_usage=nothing)
+    part = TextPart("part_late", "too late")
+    await sink.part(part)  # queued: the run is terminal, so the journal will refuse it
+    assert not sink.part_nowait(part)  # the previous one is not known to be committed
+    with pytest.raises(BraidError) as caught:
+        await sink.settle()
+    assert caught.value.code == "terminal_run_mutation"
+    await sink.settle()  # reported once
+    await sink.part(part)
+    with trio.fail_after(10):
+        while not sink._unsettled or not sink._unsettled.answered:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    assert not sink.part_nowait(part)  # refused: the slow path raises it
+    with pytest.raises(BraidError):
+        await sink.part(part)
+    late = [r for r in _part_records(app, run_id) if r["part"]["part_id"] == "part_late"]
+    assert late == []
+    assert calls == []

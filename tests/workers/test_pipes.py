@@ -1,0 +1,231 @@
+"""The pipe hub: one task reading every worker pipe, with an owner's fast path.
+
+Real pipes (``os.pipe``) and real worker processes; a hub reader is checked against a plain
+:class:`LineReader` reading the same bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.lowlevel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from braid_actors.errors import WorkerLineTooLong
+from braid_actors.workers import (
+    HubLineReader,
+    LineReader,
+    PipeHub,
+    StopPolicy,
+    open_worker,
+    pipe_hub_supported,
+)
+
+FAST = StopPolicy(grace=0.5, term_grace=0.5, kill_grace=2.0)
+
+
+def test_the_hub_is_supported_here() -> None:
+    """This machine (Linux) has epoll: the supervisor reads worker pipes with a hub."""
+    assert pipe_hub_supported()
+
+
+@asynccontextmanager
+async def running_hub() -> AsyncIterator[PipeHub]:
+    async with trio.open_nursery() as nursery:
+        hub: PipeHub = await nursery.start(PipeHub().run)
+        yield hub
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def hub_pipe(
+    hub: PipeHub, *, max_line: int = 1 << 20
+) -> AsyncIterator[tuple[HubLineReader, int]]:
+    """A hub reader on a fresh pipe, and the pipe's write end."""
+    read_end, write_end = os.pipe()
+    stream = trio.lowlevel.FdStream(read_end)  # makes it non-blocking, closes it
+    reader = hub.reader(stream, max_line=max_line)
+    try:
+        yield reader, write_end
+    finally:
+        reader.close()
+        await stream.aclose()
+        os.close(write_end)
+
+
+async def read_all(reader: HubLineReader | LineReader) -> list[bytes]:
+    lines = []
+    with trio.fail_after(10):
+        while (line := await reader.receive_line()) is not None:
+            lines.append(line)
+    return lines
+
+
+async def write_chunks(fd: int, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        os.write(fd, chunk)
+        await trio.sleep(0.001)  # separate reads, as a worker's writes arrive
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lines=st.lists(st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"_")), max_size=12),
+    tail=st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"_")),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=8),
+)
+def test_a_hub_reader_reads_what_a_line_reader_reads(
+    lines: list[bytes], tail: bytes, cuts: list[int]
+) -> None:
+    """However the bytes arrive, the same lines, the same fragment, the same count."""
+    data = b"".join(line + b"\n" for line in lines) + tail
+    chunks = split_at(data, cuts)
+
+    async def main() -> None:
+        async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write_chunks, write_end, chunks)
+                got: list[bytes] = []
+                with trio.fail_after(10):
+                    for _ in lines:
+                        line = await reader.receive_line()
+                        assert line is not None
+                        got.append(line)
+            assert got == lines
+            assert reader.lines_read == len(lines)
+        # the plain reader, on the same bytes, ends with the same fragment at EOF
+        plain_read, plain_write = os.pipe()
+        os.write(plain_write, data)
+        os.close(plain_write)
+        plain = LineReader(trio.lowlevel.FdStream(plain_read))
+        assert await read_all(plain) == lines
+        assert plain.fragment == tail
+
+    trio.run(main)
+
+
+async def test_at_the_end_of_the_stream_a_trailing_fragment_is_kept() -> None:
+    async with running_hub() as hub:
+        read_end, write_end = os.pipe()
+        stream = trio.lowlevel.FdStream(read_end)
+        reader = hub.reader(stream)
+        os.write(write_end, b"one\ntwo\nhalf a li")
+        os.close(write_end)
+        assert await read_all(reader) == [b"one", b"two"]
+        assert reader.fragment == b"half a li"
+        assert await reader.receive_line() is None
+        await stream.aclose()
+
+
+async def test_an_overlong_line_is_refused_like_a_line_readers() -> None:
+    async with running_hub() as hub, hub_pipe(hub, max_line=10) as (reader, write_end):
+        os.write(write_end, b"short\n" + b"x" * 11 + b"\n")
+        assert await reader.receive_line() == b"short"
+        with pytest.raises(WorkerLineTooLong) as caught:
+            await reader.receive_line()
+        assert caught.value.details == {"line": 2, "limit": 10}
+        # and a line that grows past the bound before its newline arrives
+    async with running_hub() as hub, hub_pipe(hub, max_line=10) as (reader, write_end):
+        os.write(write_end, b"y" * 11)
+        with pytest.raises(WorkerLineTooLong):
+            await reader.receive_line()
+
+
+def recording_fast(taken: list[bytes], take: Callable[[bytes], bool]) -> Callable[[bytes], bool]:
+    def fast(line: bytes) -> bool:
+        if take(line):
+            taken.append(line)
+            return True
+        return False
+
+    return fast
+
+
+async def test_the_fast_path_takes_lines_only_while_the_owner_waits_with_none_queued() -> None:
+    """A declined line, and every line after it, reach the owner in order."""
+    taken: list[bytes] = []
+    async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
+        reader.fast = recording_fast(taken, lambda line: line.startswith(b"f"))
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+
+            async def owner() -> None:
+                line = await reader.receive_line()
+                assert line is not None
+                received.append(line)
+                await trio.sleep(0.05)  # busy with it: the hub must queue, not take
+                for _ in range(2):
+                    line = await reader.receive_line()
+                    assert line is not None
+                    received.append(line)
+
+            nursery.start_soon(owner)
+            await trio.sleep(0.02)
+            os.write(write_end, b"f1\ns2\nf3\n")
+            await trio.sleep(0.02)
+            os.write(write_end, b"f4\n")
+        assert taken == [b"f1"]
+        assert received == [b"s2", b"f3", b"f4"]
+        # the owner is parked again with nothing queued: the hub takes the next one
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader.receive_line)
+            await trio.sleep(0.02)
+            os.write(write_end, b"f5\n")
+            await trio.sleep(0.05)
+            assert taken == [b"f1", b"f5"]
+            nursery.cancel_scope.cancel()
+        assert reader.lines_read == 5
+
+
+async def test_a_fast_path_that_raises_declines_the_line() -> None:
+    def broken(line: bytes) -> bool:
+        raise ValueError("not mine")
+
+    async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
+        reader.fast = broken
+        os.write(write_end, b"kept\n")
+        with trio.fail_after(5):
+            assert await reader.receive_line() == b"kept"
+
+
+async def test_a_closed_reader_and_a_stopped_hub_end_their_readers() -> None:
+    async with running_hub() as hub, hub_pipe(hub) as (reader, _):
+        reader.close()
+        with pytest.raises(trio.ClosedResourceError):
+            await reader.receive_line()
+    read_end, write_end = os.pipe()
+    stream = trio.lowlevel.FdStream(read_end)
+    async with running_hub() as hub:
+        orphan = hub.reader(stream)
+    assert not hub.running
+    with pytest.raises(trio.ClosedResourceError):
+        await orphan.receive_line()
+    with pytest.raises(trio.ClosedResourceError):
+        hub.reader(stream)
+    await stream.aclose()
+    os.close(write_end)
+
+
+async def test_a_worker_opened_with_the_hub_is_read_by_it() -> None:
+    """``open_worker(pipes=hub)`` reads stdout through the hub, and unregisters at exit."""
+    script = "import json\nfor i in range(50):\n    print(json.dumps({'type': 'n', 'i': i}))\n"
+    async with running_hub() as hub:
+        async with open_worker((sys.executable, "-c", script), policy=FAST, pipes=hub) as worker:
+            assert isinstance(worker.reader, HubLineReader)
+            got = []
+            with trio.fail_after(10):
+                while (message := await worker.receive()) is not None:
+                    got.append(message["i"])
+        assert got == list(range(50))
+        assert hub.watching == 0
