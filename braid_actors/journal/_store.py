@@ -34,7 +34,6 @@ used by one thread at a time; :meth:`Journal.checkpoint` may run concurrently wi
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sqlite3
@@ -90,30 +89,6 @@ _INSERT_EVENT = (
     "INSERT INTO events (seq, stream, type, committed_at, nonce, ciphertext, prev_hash, hash)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_EVENT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
-_EVENT_BLOCK_MAX = 512  # rows per statement (8 parameters each: far below SQLite's 32,766)
-
-
-@functools.cache
-def _insert_events(rows: int) -> str:
-    """One INSERT of ``rows`` events (a power of two: a few statement texts, all cached)."""
-    return _INSERT_EVENT.removesuffix(_EVENT_ROW) + ", ".join([_EVENT_ROW] * rows)
-
-
-def _insert_event_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` with a few multi-row statements instead of one step per row.
-
-    Each statement step releases and retakes the GIL; while the event loop runs Python
-    code, retaking it waits, so a commit of 25 rows row by row waited 25 times.
-    """
-    at = 0
-    while at < len(rows):
-        size = min(_EVENT_BLOCK_MAX, 1 << ((len(rows) - at).bit_length() - 1))
-        block = rows[at : at + size]
-        conn.execute(_insert_events(size), [value for row in block for value in row])
-        at += size
-
-
 _INSERT_OPERATION = (
     "INSERT INTO operations (op_id, command, params_digest, seq, nonce, ciphertext)"
     " VALUES (?, ?, ?, ?, ?, ?)"
@@ -311,9 +286,8 @@ class Journal:
         commits = self._tip.commits + 1
         try:
             with self._db.atomic():
-                _insert_event_rows(self._conn, event_rows)
-                if op_rows:
-                    self._conn.executemany(_INSERT_OPERATION, op_rows)
+                self._conn.executemany(_INSERT_EVENT, event_rows)
+                self._conn.executemany(_INSERT_OPERATION, op_rows)
                 self._conn.execute(
                     "UPDATE meta SET value = ? WHERE name = 'commits'", (str(commits),)
                 )
