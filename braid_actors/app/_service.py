@@ -69,13 +69,16 @@ writer: with 200 streaming runs (~2,000 entities) each took 60-100 ms and delaye
 commits behind it by ~30 ms, and at 5,000 events/s one every ``SNAPSHOT_EVERY`` events
 would be one per second. Tied to the state's size, its cost per event stays a fixed share
 of a fold, and a restart replays at most 4 events per entity more."""
-COMMIT_INTERVAL = 0.004
+COMMIT_INTERVAL = 0.010
 """Least time between two journal commits (the journal's floor; see journal/_actor.py).
 
-A commit costs ~200 us of CPU however few records it holds (the WAL's fsync, the
-transaction) and ~10 us per record, so under load a longer floor is most of what a record
-costs: at 5,000 events/s a 1 ms floor means ~1,000 commits/s (20% of a core), 4 ms ~250.
-An isolated request is still written at once; under load a record waits at most 4 ms more."""
+A commit costs ~0.3-0.5 ms of the supervisor's CPU however few records it holds (the
+transaction, the WAL's fsync, the thread hand-offs) and ~10 us per record, so under load a
+longer floor is most of what a record costs. At 500 streaming runs (5,000 events/s,
+``tools/bench runs``): 4 ms, ~220 commits/s, supervisor 62-64% of a core, ack p50 ~5 ms;
+6 ms 57%; 8 ms ~120 commits/s, 55-57%, p50 ~8 ms; 10 ms ~96 commits/s, 49-53%, p50 ~9 ms,
+p99 16-20 ms in most runs. An isolated request is still written at once; under load a
+record waits at most 10 ms more, which no one watching an agent's stream can see."""
 HEAD_INTERVAL = 0.1
 """Least time between two writes of the journal's head (its loss detector; the journal's
 default is 20 ms). Each is a write and an fdatasync in a worker thread: at 50 a second

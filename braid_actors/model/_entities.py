@@ -159,7 +159,10 @@ class Branch:
     draft: str = ""
 
 
-@attrs.frozen
+# Message and Run keep their fields in a ``__dict__`` (no ``__slots__``): a stream replaces
+# both on every part update, and ``graph.replace`` copies a dict in one C call where a
+# slotted copy sets every field through ``__init__`` (Run: 2.8 -> 0.6 us).
+@attrs.frozen(slots=False)
 class Message:
     """A user-, assistant- or system-visible message, stored once."""
 
@@ -277,7 +280,7 @@ class ContextTransferReceipt:
     destination_session_id: str
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # see Message
 class Run:
     """One admitted execution attempt for a turn."""
 

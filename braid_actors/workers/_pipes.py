@@ -124,14 +124,19 @@ class HubLineReader:
 
     def _take(self, chunk: bytes) -> None:
         buffer = self._buffer
-        start = len(buffer)
-        buffer += chunk
-        if buffer.find(b"\n", start) < 0:
-            if len(buffer) > self.max_line:
-                self._too_long(len(buffer))
-            return
-        *complete, rest = bytes(buffer).split(b"\n")
-        buffer[:] = rest
+        if not buffer and chunk.endswith(b"\n"):
+            # The usual read: whole lines, nothing left over (no copy into the buffer).
+            complete = chunk.split(b"\n")
+            complete.pop()
+        else:
+            start = len(buffer)
+            buffer += chunk
+            if buffer.find(b"\n", start) < 0:
+                if len(buffer) > self.max_line:
+                    self._too_long(len(buffer))
+                return
+            *complete, rest = bytes(buffer).split(b"\n")
+            buffer[:] = rest
         for line in complete:
             if len(line) > self.max_line:
                 self._too_long(len(line))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from braid_actors import graph
-from braid_actors.graph._replace import replace
+from braid_actors.graph._replace import _plan, replace
 from braid_actors.graph._state import _COLLECTIONS
 from braid_actors.model import RunPartUpdated, TextPart
 from tests.graph.test_graph import G
@@ -88,3 +88,22 @@ def test_a_part_update_folds_the_same_with_either() -> None:
         )
         assert g.s.runs[run_id].events.last_seq == 100 + n
         assert g.s.runs[run_id].provider_cursor == n
+
+
+def test_a_dict_copy_leaves_the_original_as_it_was() -> None:
+    """Run and Message are copied by their field dict: the copy's dict is its own."""
+    for inst in INSTANCES:
+        if type(inst).__name__ not in ("Run", "Message"):
+            continue
+        cls: type = type(inst)
+        plan = _plan(cls)
+        assert plan is not None
+        assert plan[2], f"{type(inst).__name__} is not copied by its dict"
+        before = attrs.asdict(inst, recurse=False)
+        first = attrs.fields(type(inst))[0].name
+        copy = replace(inst, **{first: "changed"})
+        assert getattr(copy, first) == "changed"
+        assert attrs.asdict(inst, recurse=False) == before
+        assert copy.__dict__ is not inst.__dict__
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(copy, first, "again")
