@@ -172,22 +172,13 @@ class JournalSink:
         if self.closed:
             return
         await self.settle()
-        self._unsettled = await self._sup.submit(
-            RunPartUpdated(
-                self._conv,
-                self._run_id,
-                self._message_id,
-                part,
-                self._sup.clock(),
-                self._next_cursor(),
-            )
-        )
+        self._unsettled = await self._sup.submit(self._part_event(part, self._next_cursor()))
 
     def part_nowait(self, part: Part) -> bool:
         """:meth:`part` if it can be done without waiting; False: call :meth:`part`.
 
         That is, unless the previous part update is still uncommitted or was refused, or
-        the journal can't queue this one at once. Nothing is changed when it returns False.
+        the journal can't queue this one at once. Nothing is queued when it returns False.
         """
         if self.closed:
             return True  # dropped, as part() drops it
@@ -197,21 +188,17 @@ class JournalSink:
                 return False
             self._unsettled = None
             crash_point("run.part")
-        request = self._sup.submit_nowait(
-            RunPartUpdated(
-                self._conv,
-                self._run_id,
-                self._message_id,
-                part,
-                self._sup.clock(),
-                self._cursor + 1,
-            )
-        )
+        request = self._sup.submit_nowait(self._part_event(part, self._cursor + 1))
         if request is None:
             return False
         self._cursor += 1
         self._unsettled = request
         return True
+
+    def _part_event(self, part: Part, cursor: int) -> RunPartUpdated:
+        return RunPartUpdated(
+            self._conv, self._run_id, self._message_id, part, self._sup.clock(), cursor
+        )
 
     async def interaction(self, request: InteractionRequest) -> InteractionAnswer:
         if self.closed:
