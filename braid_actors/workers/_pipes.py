@@ -74,8 +74,11 @@ class HubLineReader:
         """The next line without its newline, or ``None`` at end of stream.
 
         Raises :class:`WorkerLineTooLong` for an over-long line (the stream is then
-        unusable), and ``trio.ClosedResourceError`` once the reader or its hub is closed.
+        unusable), ``trio.ClosedResourceError`` once the reader or its hub is closed, and
+        ``trio.BusyResourceError`` when another task is already waiting on it.
         """
+        if self._waiter is not None:
+            raise trio.BusyResourceError("another task is already reading this pipe")
         if not self._lines and not self._eof and self._error is None:
             self._waiter = trio.lowlevel.current_task()
 

@@ -188,6 +188,17 @@ async def test_the_fast_path_takes_lines_only_while_the_owner_waits_with_none_qu
         assert reader.lines_read == 5
 
 
+async def test_one_task_at_a_time_reads_a_pipe() -> None:
+    async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader.receive_line)
+            await trio.sleep(0.01)
+            with pytest.raises(trio.BusyResourceError):
+                await reader.receive_line()
+            os.write(write_end, b"for the first\n")
+        assert reader.lines_read == 1
+
+
 async def test_a_fast_path_that_raises_declines_the_line() -> None:
     def broken(line: bytes) -> bool:
         raise ValueError("not mine")
