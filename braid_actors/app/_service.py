@@ -76,9 +76,10 @@ A commit costs ~0.3-0.5 ms of the supervisor's CPU however few records it holds 
 transaction, the WAL's fsync, the thread hand-offs) and ~10 us per record, so under load a
 longer floor is most of what a record costs. At 500 streaming runs (5,000 events/s,
 ``tools/bench runs``): 4 ms, ~220 commits/s, supervisor 62-64% of a core, ack p50 ~5 ms;
-6 ms 57%; 8 ms ~120 commits/s, 55-57%, p50 ~8 ms; 10 ms ~96 commits/s, 49-53%, p50 ~9 ms,
-p99 16-20 ms in most runs. An isolated request is still written at once; under load a
-record waits at most 10 ms more, which no one watching an agent's stream can see."""
+6 ms 57%; 8 ms ~120 commits/s, 55-57%, p50 ~8 ms; 10 ms ~96 commits/s, 49-56%, p50 ~9 ms,
+p99 16-28 ms (its tail is the snapshots'; see docs/architecture.md). An isolated request
+is still written at once; under load a record waits at most 10 ms more, which no one
+watching an agent's stream can see."""
 HEAD_INTERVAL = 0.1
 """Least time between two writes of the journal's head (its loss detector; the journal's
 default is 20 ms). Each is a write and an fdatasync in a worker thread: at 50 a second
