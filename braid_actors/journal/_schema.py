@@ -43,6 +43,12 @@ def connect_writer(path: Path, sealer: Sealer, *, fresh: bool) -> sqlite3.Connec
                 raise JournalError(f"the journal database {path} cannot use WAL mode")
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA wal_autocheckpoint = 0")
+            # This SQLite zeroes deleted content by default (secure_delete=ON), so dropping
+            # an old snapshot rewrote its ~450 overflow pages: a snapshot write cost twice
+            # its size in the WAL (5-7 ms alone for 1.8 MB, 3.5-4.4 ms without). Every
+            # payload is ciphertext under the journal's key, so a freed page holds nothing
+            # the live pages don't protect alike; FAST zeroes only where it adds no I/O.
+            conn.execute("PRAGMA secure_delete = FAST")
             if fresh:
                 create_schema(db, sealer)
     except BaseException:

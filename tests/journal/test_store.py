@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from datetime import UTC
@@ -186,6 +187,24 @@ def test_only_the_newest_snapshots_are_kept(journal: Journal, home: Path) -> Non
         conn.close()
     assert seqs == list(range(7 - KEEP_SNAPSHOTS, 7))
     assert journal.latest_snapshot(1) == (6, {"at": 6})
+
+
+def test_dropping_an_old_snapshot_does_not_rewrite_its_pages(journal: Journal, home: Path) -> None:
+    """A snapshot write costs about its own size in the WAL: the snapshot it drops is
+    not zeroed page by page (its pages hold ciphertext), which doubled the write."""
+    journal.append([([rec(0)], None)])
+    big = {"blob": os.urandom(400_000).hex()}  # ~800 KB of JSON, ~200 pages
+    for _ in range(KEEP_SNAPSHOTS):
+        journal.save_snapshot(1, 1, big)
+    conn = raw(home)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()  # the WAL starts empty
+        journal.save_snapshot(1, 1, big)  # drops the oldest
+        _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        conn.close()
+    pages = len(json.dumps(big)) // 4096
+    assert pages <= frames < 1.3 * pages
 
 
 def test_snapshot_ahead_of_the_journal_is_refused(journal: Journal) -> None:
