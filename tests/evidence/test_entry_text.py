@@ -36,7 +36,7 @@ def _same(body: dict[str, Any]) -> None:
     assert json.dumps(got) == json.dumps(plain)  # the same key order, all the way down
 
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)))
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]))
 _VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | _TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
