@@ -291,6 +291,7 @@ def main(argv: list[str]) -> int:
         files = [f for k in range(copies) for f in write_copy(fixtures, corpus, k)]
         claude = [f for f in files if f.harness == "claude_code"]
         codex = [f for f in files if f.harness == "codex"]
+        used = processes(files, args.workers)  # (while the files exist: it weighs them)
         os.sync()
 
         raw_all = raw_limit(files)
@@ -328,7 +329,7 @@ def main(argv: list[str]) -> int:
         f"    Braid ingest, Claude subset:                      "
         f"{rates(claude, spent['claude_code'])}\n"
         f"    Braid ingest, Codex subset:                       {rates(codex, spent['codex'])}\n"
-        f"    processes (ingest_many, as the CLI): {processes(files, args.workers)}, "
+        f"    processes (ingest_many, as the CLI): {used}, "
         f"on {os.cpu_count()} CPUs; a spawned worker's start-up is timed\n"
         f"    {stored:,} entries stored\n"
     )
