@@ -77,10 +77,15 @@ def _ingest(args: argparse.Namespace, home: Path) -> int:
     with EvidenceStore.open(home, redaction_patterns=args.redact) as store:
         if not args.json:
             print(f"run {run_id}")
-        for path in args.paths:
-            report = store.ingest(
-                path, run_id=run_id, harness=args.harness, policy=args.policy, resume_offset=resume
-            )
+        # Many files (8 MB or more) are prepared by one process per CPU (ingest_many).
+        reports = store.ingest_many(
+            args.paths,
+            run_id=run_id,
+            harness=args.harness,
+            policy=args.policy,
+            resume_offset=resume,
+        )
+        for report in reports:
             for source in report.sources:
                 coverage = source.coverage
                 if coverage["status"] in _BAD:

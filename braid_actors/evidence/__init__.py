@@ -10,6 +10,7 @@ HTTP on 127.0.0.1 (``make_app`` is the ASGI application itself), behind a bearer
 ```python
 with EvidenceStore.open(home) as store:
     report = store.ingest(path, run_id="run_…", policy="basic")
+    reports = list(store.ingest_many(paths, run_id="run_…"))  # in order, maybe in parallel
     store.overview("run_…")
     page = store.entries("run_…", kind="tool_call", limit=50)
     store.content("run_…", page["entries"][0]["content"]["ref"])
@@ -27,6 +28,7 @@ from braid_actors.evidence._http import (
 )
 from braid_actors.evidence._objects import MAX_OBJECT_BYTES
 from braid_actors.evidence._paging import ENTRY_KINDS
+from braid_actors.evidence._parallel import PARALLEL_MIN_BYTES, worker_count
 from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
 from braid_actors.evidence._redact import Redactor
 from braid_actors.evidence._rows import IngestReport, SourceReport
@@ -38,6 +40,7 @@ __all__ = [
     "ENTRY_KINDS",
     "HARNESSES",
     "MAX_OBJECT_BYTES",
+    "PARALLEL_MIN_BYTES",
     "PRESETS",
     "CapturePolicy",
     "EvidenceApp",
@@ -51,4 +54,5 @@ __all__ = [
     "make_app",
     "make_policy",
     "serve_evidence",
+    "worker_count",
 ]

@@ -19,9 +19,9 @@ adds its new records. An incomplete last line is ``deferred`` and the cursor sto
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Final
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -30,23 +30,20 @@ from braid_actors.errors import EvidenceInvalidArgument
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
 from ._links import PassChanges, put_file_links, rebuild_run_links
-from ._materialize import CURRENT, PRIOR, EntryRow
+from ._materialize import CURRENT, PRIOR, EntryRow, entry_text
 from ._objects import ObjectStore
 from ._parsed import split_lines
-from ._prepare import Prepared, file_rows, prepare
-from ._rows import IngestReport, Rows, SourceReport, ensure_run, transaction
+from ._prepare import FileRows, Prepared, file_rows, prepare
+from ._rows import IngestReport, Rows, SourceReport, ensure_run, run_policy, transaction
 from ._unparsed import unparsed, unsupported
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from ._parsed import Outcome
     from ._policy import CapturePolicy
     from ._redact import Redactor
-
-_BODY: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
-"""The entry body's encoding (``json.dumps(body, ensure_ascii=False, sort_keys=True)``),
-built once instead of per entry."""
 
 
 @attrs.define(eq=False)
@@ -62,32 +59,59 @@ class Ingest(Rows):
         run_id: str,
         harness: str | None,
         policy: CapturePolicy,
+        wanted: CapturePolicy | None,
         resume_offset: int | None,
+        turn: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> IngestReport:
+        """Read, parse and prepare ``path`` under ``policy`` (the run's policy as read before
+        the pass, for ``wanted``), then write it in one transaction entered inside ``turn()``
+        (see ``_parallel``: a file waits there for the files before it).
+
+        The file is prepared before the transaction, from what the database said then; inside
+        it the run's policy and the file's rows are read again, and a file whose inputs
+        changed meanwhile (another writer ingested it, or started the run) is prepared again:
+        what is written always rests on what the transaction reads.
+        """
         path_key = self.path_key(path, harness)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return unparsed(self, run_id, path_key, path.stem, harness, policy, "no_input")
+            with turn(), transaction(self.conn):
+                chosen = run_policy(self.conn, run_id, wanted)
+                return unparsed(self, run_id, path_key, path.stem, harness, chosen, "no_input")
         except OSError:
-            return unparsed(self, run_id, path_key, path.stem, harness, policy, "unreadable")
+            with turn(), transaction(self.conn):
+                chosen = run_policy(self.conn, run_id, wanted)
+                return unparsed(self, run_id, path_key, path.stem, harness, chosen, "unreadable")
         split = split_lines(data)
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
-            return unsupported(self, run_id, path_key, path.stem, detected, policy, split, data)
-        prepared = prepare(
-            data,
-            split,
-            detected,
-            path_key=path_key,
-            stem=path.stem,
-            run_id=run_id,
-            policy=policy,
-            redactor=self.redactor,
-            resume_offset=resume_offset,
-            files=file_rows(self.conn, run_id, path_key),
-        )
-        return self.store(run_id, prepared)
+            with turn(), transaction(self.conn):
+                chosen = run_policy(self.conn, run_id, wanted)
+                return unsupported(self, run_id, path_key, path.stem, detected, chosen, split, data)
+
+        def prepared_with(chosen: CapturePolicy, files: FileRows) -> Prepared:
+            return prepare(
+                data,
+                split,
+                detected,
+                path_key=path_key,
+                stem=path.stem,
+                run_id=run_id,
+                policy=chosen,
+                redactor=self.redactor,
+                resume_offset=resume_offset,
+                files=files,
+            )
+
+        files = file_rows(self.conn, run_id, path_key)
+        prepared = prepared_with(policy, files)
+        with turn(), transaction(self.conn):
+            chosen = run_policy(self.conn, run_id, wanted)
+            files_now = file_rows(self.conn, run_id, path_key)
+            if chosen != policy or files_now != files:
+                prepared = prepared_with(chosen, files_now)
+            return self.store(run_id, prepared)
 
     def path_key(self, path: Path, harness: str | None) -> str:
         """The file's redacted absolute path (checking ``harness`` first)."""
@@ -98,25 +122,25 @@ class Ingest(Rows):
         return self.redactor.clean(str(path.resolve()))
 
     def store(self, run_id: str, prepared: Prepared) -> IngestReport:
-        """Write a prepared file in one transaction and report its coverage per source."""
+        """Write a prepared file (inside the caller's transaction) and report its coverage
+        per source."""
         p = prepared
         sources, rows, outcome = p.sources, p.rows, p.outcome
-        with transaction(self.conn):
-            ensure_run(self.conn, run_id, p.policy, self.now)
-            was_linked = self._in_run_links(run_id, sources)
-            agents_before = self._agents(sources)
-            pks = {key: self.put_source(run_id, p.path_key, src) for key, src in sources.items()}
-            written, inserted, revised, known = self._put_entries(run_id, rows, pks)
-            self._put_objects(p)
-            calls = self._put_actions(run_id, outcome, rows, sources)
-            put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
-            if was_linked or _may_link(sources, outcome, inserted):
-                changes = _changes(
-                    sources, agents_before, inserted, revised, calls, outcome, self.redactor
-                )
-                rebuild_run_links(self.conn, run_id, changes)
-            self._put_file(run_id, p)
-            reports = [self._report(run_id, key, p, written) for key in outcome.sessions]
+        ensure_run(self.conn, run_id, p.policy, self.now)
+        was_linked = self._in_run_links(run_id, sources)
+        agents_before = self._agents(sources)
+        pks = {key: self.put_source(run_id, p.path_key, src) for key, src in sources.items()}
+        written, inserted, revised, known = self._put_entries(run_id, rows, pks)
+        self._put_objects(p)
+        calls = self._put_actions(run_id, outcome, rows, sources)
+        put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
+        if was_linked or _may_link(sources, outcome, inserted):
+            changes = _changes(
+                sources, agents_before, inserted, revised, calls, outcome, self.redactor
+            )
+            rebuild_run_links(self.conn, run_id, changes)
+        self._put_file(run_id, p)
+        reports = [self._report(run_id, key, p, written) for key in outcome.sessions]
         return IngestReport(run_id, p.path_key, p.harness, tuple(reports))
 
     # ---- run links -------------------------------------------------------------------
@@ -200,7 +224,7 @@ class Ingest(Rows):
                     row.raw_ref,
                     row.intent_ref,
                     row.object_hash,
-                    _BODY.encode(body),
+                    entry_text(body),
                 )
             )
             tally[(row.session, row.scope, "stored")] += 1

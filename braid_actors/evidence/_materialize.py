@@ -69,6 +69,27 @@ def floatless_digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+_STORED: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+"""The stored text of an entry body that may hold a float (``json.dumps(body,
+ensure_ascii=False, sort_keys=True)``)."""
+
+
+def entry_text(body: dict[str, Any]) -> str:
+    """The text an entry body is stored as: read back by ``json.loads`` it is ``body``.
+
+    A body without session metadata holds no float (see :meth:`Materializer.entry`), so
+    orjson's sorted encoding reads back as the same value, with its keys in the same order
+    (code point order); what orjson refuses (integers beyond 64 bits, lone surrogates) and
+    bodies with session metadata (floats: NaN, which orjson writes as null) take ``json``.
+    """
+    if "session_metadata" not in body:
+        try:
+            return orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+        except orjson.JSONEncodeError:
+            pass
+    return _STORED.encode(body)
+
+
 def _short(value: Any, size: int = 32) -> str:
     return digest(value)[len("sha256:") :][:size]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from ._redact import Redactor
+from braid_actors.errors import EvidenceInvalidArgument
 
-if TYPE_CHECKING:
-    from ._policy import CapturePolicy
+from ._policy import CapturePolicy, make_policy
+from ._redact import Redactor
 
 
 @attrs.frozen
@@ -96,6 +96,23 @@ class Rows:
                 json.dumps(report, ensure_ascii=False, sort_keys=True),
             ),
         )
+
+
+def run_policy(
+    conn: sqlite3.Connection, run_id: str, wanted: CapturePolicy | None
+) -> CapturePolicy:
+    """The capture policy an ingest into ``run_id`` uses: the one the run recorded, else
+    ``wanted``, else ``basic``; ``wanted`` differing from the recorded one is refused."""
+    row = conn.execute("SELECT policy FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    if row is None or row["policy"] is None:
+        return wanted or make_policy("basic")
+    recorded = CapturePolicy.from_wire(json.loads(row["policy"]))
+    if wanted is not None and wanted != recorded:
+        raise EvidenceInvalidArgument(
+            "the run's capture policy is fixed by its first ingest",
+            details={"field": "policy", "recorded": recorded.preset},
+        )
+    return recorded
 
 
 def ensure_run(conn: sqlite3.Connection, run_id: str, policy: CapturePolicy, now: str) -> None:

@@ -10,9 +10,11 @@ error code.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
@@ -29,19 +31,22 @@ from ._links import compaction_boundary, entry_links
 from ._materialize import SCHEMA
 from ._objects import REF_RE, ObjectStore
 from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entries_page
+from ._parallel import Job, ingest_in_order, worker_count
 from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
 from ._relations import session_relations
+from ._rows import run_policy
 from ._schema import connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from types import TracebackType
 
     from ._rows import IngestReport
     from ._runtime import ProcessObservation
 
 MAX_SOURCES: Final = 256
+AUTO_CHECKPOINT_PAGES: Final = 1000  # SQLite's default
 DEFAULT_CONTENT_LIMIT: Final = 65_536
 _T = TypeVar("_T")
 
@@ -58,8 +63,15 @@ _CITED = (
 class EvidenceStore:
     """Recorded evidence of runs: ingest transcripts, then read coverage, entries, content."""
 
-    def __init__(self, home: Path, conn: sqlite3.Connection, redactor: Redactor) -> None:
+    def __init__(
+        self,
+        home: Path,
+        conn: sqlite3.Connection,
+        redactor: Redactor,
+        patterns: Sequence[str] = (),
+    ) -> None:
         self.home = home
+        self._patterns = tuple(patterns)  # for the workers of ingest_many
         self._conn = conn
         self._objects = ObjectStore(home / "objects", conn)
         self._redactor = redactor
@@ -71,7 +83,7 @@ class EvidenceStore:
     def open(cls, home: Path, *, redaction_patterns: Sequence[str] = ()) -> EvidenceStore:
         """Open (or create) the store under ``home``; ``redaction_patterns`` are extra regexes."""
         redactor = Redactor.create(redaction_patterns)
-        return cls(Path(home), connect(Path(home)), redactor)
+        return cls(Path(home), connect(Path(home)), redactor, redaction_patterns)
 
     def close(self) -> None:
         self._conn.close()
@@ -108,36 +120,99 @@ class EvidenceStore:
         if run_id is None:
             run_id = new_id("run")
             resume_offset = 0 if resume_offset is None else resume_offset
-        elif not 1 <= len(run_id) <= 512:
-            raise EvidenceInvalidArgument(
-                "run must be 1 to 512 characters", details={"field": "run"}
-            )
+        else:
+            _check_run_id(run_id)
+        return self._ingest(Path(path), run_id, harness, policy, resume_offset, nullcontext)
+
+    def ingest_many(
+        self,
+        paths: Iterable[Path | str],
+        *,
+        run_id: str,
+        harness: str | None = None,
+        policy: str | CapturePolicy | None = None,
+        resume_offset: int | None = None,
+        workers: int | None = None,
+    ) -> Iterator[IngestReport]:
+        """Ingest files into one run in their order, yielding each file's report.
+
+        Stores what ``ingest`` of each file in turn stores (the same transactions in the same
+        order), and raises where that loop would, after the reports of the files before.
+        With ``workers`` > 1 (by default one per usable CPU when the files hold at least
+        ``PARALLEL_MIN_BYTES``) that many processes prepare files side by side, each
+        writing on its own connection in file order (see ``_parallel``).
+        """
+        _check_run_id(run_id)
+        job = Job(
+            str(self.home),
+            self._patterns,
+            tuple(str(path) for path in paths),
+            run_id,
+            harness,
+            policy,
+            resume_offset,
+        )
+        count = worker_count(job.paths, workers)
+        one = functools.partial(self.ingest_with_turn, job=job)
+        if count == 1:
+            for path in job.paths:
+                yield one(path, nullcontext)
+            return
+        with self.checkpoints_deferred():
+            yield from ingest_in_order(one, job, count, self.checkpoint)
+
+    @contextmanager
+    def checkpoints_deferred(self) -> Iterator[None]:
+        """No automatic WAL checkpoint on this connection inside (``ingest_many``'s workers
+        run :meth:`checkpoint` between their turns instead)."""
+        self._auto_checkpoint(0)
+        try:
+            yield
+        finally:
+            self._auto_checkpoint(AUTO_CHECKPOINT_PAGES)
+
+    def checkpoint(self) -> None:
+        """Copy committed WAL pages into the database (``PASSIVE``: waits for no one)."""
         with self._guard():
-            chosen = self._policy(run_id, policy)
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _auto_checkpoint(self, pages: int) -> None:
+        with self._guard():
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={int(pages)}").fetchall()
+
+    def ingest_with_turn(
+        self, path: str, turn: Callable[[], AbstractContextManager[object]], *, job: Job
+    ) -> IngestReport:
+        """``ingest`` of one of ``job``'s files, written inside ``turn()`` (``_parallel``)."""
+        return self._ingest(
+            Path(path), job.run_id, job.harness, job.policy, job.resume_offset, turn
+        )
+
+    def _ingest(
+        self,
+        path: Path,
+        run_id: str,
+        harness: str | None,
+        policy: str | CapturePolicy | None,
+        resume_offset: int | None,
+        turn: Callable[[], AbstractContextManager[object]],
+    ) -> IngestReport:
+        with self._guard():
+            wanted = make_policy(policy) if isinstance(policy, str) else policy
+            chosen = run_policy(self._conn, run_id, wanted)
             report = Ingest(
                 self._conn, self._redactor, _runtime.now_text(), objects=self._objects
             ).run(
-                Path(path),
+                path,
                 run_id=run_id,
                 harness=harness,
                 policy=chosen,
+                wanted=wanted,
                 resume_offset=resume_offset,
+                turn=turn,
             )
             self._analyzed_rows = refresh_statistics(self._conn, self._analyzed_rows)
             return report
-
-    def _policy(self, run_id: str, policy: str | CapturePolicy | None) -> CapturePolicy:
-        wanted = make_policy(policy) if isinstance(policy, str) else policy
-        row = self._conn.execute("SELECT policy FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        if row is None or row["policy"] is None:
-            return wanted or make_policy("basic")
-        recorded = CapturePolicy.from_wire(json.loads(row["policy"]))
-        if wanted is not None and wanted != recorded:
-            raise EvidenceInvalidArgument(
-                "the run's capture policy is fixed by its first ingest",
-                details={"field": "policy", "recorded": recorded.preset},
-            )
-        return recorded
 
     # ---- reads -----------------------------------------------------------------------
 
@@ -392,6 +467,11 @@ class EvidenceStore:
 
     def _guard(self) -> _Guard:
         return _Guard(self._lock)
+
+
+def _check_run_id(run_id: str) -> None:
+    if not 1 <= len(run_id) <= 512:
+        raise EvidenceInvalidArgument("run must be 1 to 512 characters", details={"field": "run"})
 
 
 class _Guard:

@@ -3,7 +3,7 @@
 Each still gets a source and a coverage report, never ``ok``: ``no_input`` for a missing
 file (counts other than ``discovered`` unknown), ``failed`` for an unreadable one or an
 unknown or unsupported format (with ``unknown_format`` / ``unsupported_format``), ``empty``
-for a file with no line.
+for a file with no line. The caller holds the pass's transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._coverage import Tally, coverage_report, unknown_counts, zero_counts
 from ._materialize import source_id
-from ._rows import IngestReport, Rows, SourceReport, ensure_run, transaction
+from ._rows import IngestReport, Rows, SourceReport, ensure_run
 
 if TYPE_CHECKING:
     from ._parsed import LineSplit
@@ -100,20 +100,19 @@ def _single(
     }
     if format_version:
         source["format_version"] = format_version
-    with transaction(rows.conn):
-        ensure_run(rows.conn, run_id, policy, rows.now)
-        rows.put_source(run_id, path_key, source)
-        report = coverage_report(
-            run_id=run_id,
-            source=source,
-            observed_at=rows.now,
-            current=tally,
-            prior=None,
-            policy=policy.to_wire(),
-            omissions={},
-            last_success_at=rows.last_success(run_id, source["id"]),
-            status=status,
-            missing_fields=[],
-        )
-        rows.put_coverage(run_id, report)
+    ensure_run(rows.conn, run_id, policy, rows.now)
+    rows.put_source(run_id, path_key, source)
+    report = coverage_report(
+        run_id=run_id,
+        source=source,
+        observed_at=rows.now,
+        current=tally,
+        prior=None,
+        policy=policy.to_wire(),
+        omissions={},
+        last_success_at=rows.last_success(run_id, source["id"]),
+        status=status,
+        missing_fields=[],
+    )
+    rows.put_coverage(run_id, report)
     return IngestReport(run_id, path_key, harness, (SourceReport(report, {}),))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from braid_actors.cli import evidence as cli
+from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore
 
 from ._helpers import FIXTURES
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import pytest
 
 SHORT = FIXTURES / "claude-code/marot__spotter/test/fixtures/transcripts/short.jsonl"
@@ -67,3 +68,25 @@ def test_show_prints_the_overview(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out)["tool_calls"] == 2
     assert _run(["evidence", "show", "run_nope"], tmp_path) == 2
     assert "(run_not_found)" in capsys.readouterr().err
+
+
+def test_ingest_of_many_files_prints_what_one_ingest_after_the_other_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files holding PARALLEL_MIN_BYTES and more go through ingest_many (one process per
+    CPU): the printed coverage is the sequential ingest's, file for file, in order."""
+    big = FIXTURES / "claude-code/marot__spotter/test/fixtures/transcripts"
+    paths: list[Path] = []
+    while sum(p.stat().st_size for p in paths) < PARALLEL_MIN_BYTES:
+        folder = tmp_path / "corpus" / f"copy{len(paths)}"
+        folder.mkdir(parents=True)
+        for name in ("258c7280-ae70-4798-800f-63464d01a85d.jsonl", "short.jsonl"):
+            shutil.copyfile(big / name, folder / name)
+            paths.append(folder / name)
+    home = tmp_path / "cli"
+    assert _run(["evidence", "ingest", *map(str, paths), "--run", "run_many"], home) == 0
+    printed = capsys.readouterr().out
+    with EvidenceStore.open(tmp_path / "seq") as store:
+        reports = [store.ingest(path, run_id="run_many") for path in paths]
+    lines = [cli._line(s.coverage, s.summary) for r in reports for s in r.sources]
+    assert printed == "run run_many\n" + "".join(f"{line}\n" for line in lines)

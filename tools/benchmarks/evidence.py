@@ -10,11 +10,13 @@ distinct session and Braid stores it anew instead of counting duplicates.
 (b) ``ccusage daily --json --offline`` (npm, pinned in ``tools/harnesses``) with
     ``CLAUDE_CONFIG_DIR`` at the corpus's Claude folder (``projects/<copy>/<session>.jsonl``).
     ccusage reads Claude Code files only, so (b) and the ratio c/b cover the Claude subset;
-(c) Braid's full ingest (``EvidenceStore.ingest``: detect the format, parse, normalize,
+(c) Braid's full ingest (``EvidenceStore.ingest_many``: detect the format, parse, normalize,
     redact, hash, store, coverage) of every corpus file into one run, as
     ``braid evidence ingest --run`` does it: the Claude subset first, then the Codex subset,
     each followed by a WAL checkpoint that is timed with it (the database writes an ingest
-    defers are part of its cost).
+    defers are part of its cost). Like the CLI, ``ingest_many`` uses one process per usable
+    CPU when the files hold 8 MB or more (``--workers`` overrides): the printed figures are
+    wall-clock over all of them, spawning included, and say how many processes ran.
 
 Then more copies are ingested into the same run until it holds ``--entries`` entries, and
 200-entry pages are timed: every page of the run following ``next_cursor``, then pages from
@@ -39,7 +41,7 @@ from typing import Any
 import attrs
 import orjson
 
-from braid_actors.evidence import EvidenceStore
+from braid_actors.evidence import EvidenceStore, worker_count
 
 C_OVER_A_TARGET = 0.25
 C_OVER_B_TARGET = 1.0
@@ -163,20 +165,30 @@ def ccusage(claude_root: Path, scratch: Path) -> tuple[float | None, str]:
     return elapsed, f"{len(report.get('daily', []))} days, {totals.get('totalTokens', 0):,} tokens"
 
 
-def ingest(store: EvidenceStore, files: list[CorpusFile]) -> dict[str, float]:
+def ingest(store: EvidenceStore, files: list[CorpusFile], workers: int | None) -> dict[str, float]:
     """(c): seconds of Braid's ingest per harness, each harness's files then a checkpoint."""
     spent = {"claude_code": 0.0, "codex": 0.0}
     for harness in spent:
+        paths = [f.path for f in files if f.harness == harness]
         start = time.perf_counter()
-        for f in files:
-            if f.harness != harness:
-                continue
-            report = store.ingest(f.path, run_id=RUN)  # detects the format, as the CLI does
+        # What ``braid evidence ingest PATH... --run`` does: detects each file's format and
+        # ingests them in order, with one process per CPU when they hold 8 MB or more.
+        for path, report in zip(
+            paths, store.ingest_many(paths, run_id=RUN, workers=workers), strict=True
+        ):
             if report.harness != harness:
-                raise SystemExit(f"evidence: {f.path} detected as {report.harness}")
+                raise SystemExit(f"evidence: {path} detected as {report.harness}")
         checkpoint(store.home)
         spent[harness] += time.perf_counter() - start
     return spent
+
+
+def processes(files: list[CorpusFile], workers: int | None) -> str:
+    """How many processes ``ingest_many`` uses for each harness's files."""
+    return ", ".join(
+        f"{harness} {worker_count([str(f.path) for f in files if f.harness == harness], workers)}"
+        for harness in ("claude_code", "codex")
+    )
 
 
 def checkpoint(home: Path) -> None:
@@ -251,6 +263,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--entries", type=int, default=100_000, help="entries before paging")
     parser.add_argument("--random-pages", type=int, default=500)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--workers", type=int, help="processes of (c) (default: as the CLI, one per CPU)"
+    )
     args = parser.parse_args(argv)
     out = sys.stdout
 
@@ -276,6 +291,7 @@ def main(argv: list[str]) -> int:
         files = [f for k in range(copies) for f in write_copy(fixtures, corpus, k)]
         claude = [f for f in files if f.harness == "claude_code"]
         codex = [f for f in files if f.harness == "codex"]
+        used = processes(files, args.workers)  # (while the files exist: it weighs them)
         os.sync()
 
         raw_all = raw_limit(files)
@@ -283,13 +299,13 @@ def main(argv: list[str]) -> int:
         (root / "home").mkdir()
         cc_seconds, cc_note = ccusage(corpus / "claude", root / "home")
         with EvidenceStore.open(root / "store") as store:
-            spent = ingest(store, files)
+            spent = ingest(store, files, args.workers)
             braid_all = sum(spent.values())
             stored = entry_count(root / "store")
             extra = 0
             while entry_count(root / "store") < args.entries:
                 more = write_copy(fixtures, root / "extra", copies + extra)
-                ingest(store, more)
+                ingest(store, more, args.workers)
                 extra += 1
             total_entries = entry_count(root / "store")
             sequential, jumps, seen = pages(store, args.random_pages)
@@ -313,6 +329,8 @@ def main(argv: list[str]) -> int:
         f"    Braid ingest, Claude subset:                      "
         f"{rates(claude, spent['claude_code'])}\n"
         f"    Braid ingest, Codex subset:                       {rates(codex, spent['codex'])}\n"
+        f"    processes (ingest_many, as the CLI): {used}, "
+        f"on {os.cpu_count()} CPUs; a spawned worker's start-up is timed\n"
         f"    {stored:,} entries stored\n"
     )
     c_over_a = raw_all / braid_all

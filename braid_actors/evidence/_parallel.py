@@ -1,0 +1,280 @@
+"""Ingest of many files by several processes, written in the order of the files.
+
+Every process (the caller's and ``workers - 1`` spawned ones, each with its own connection)
+takes the next file by index, reads and prepares it (parse, redact, hash: the CPU-bound
+half of a pass, no lock held), waits until every earlier file is committed, then writes it
+in its own ``BEGIN IMMEDIATE`` transaction. The database thus gets the same transactions in
+the same order as a sequential ``ingest`` of each file; what a file's preparation read
+before its transaction is read again inside it (``Ingest.run``). Files after a failed one
+are not written, as a sequential loop would stop there. Only reports and errors cross the
+process boundary, never rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+from contextlib import contextmanager
+from multiprocessing.process import parent_process
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from braid_actors import errors
+from braid_actors.errors import BraidError, EvidenceStoreUnavailable
+
+from ._policy import CapturePolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from contextlib import AbstractContextManager
+    from multiprocessing.context import SpawnContext, SpawnProcess
+    from multiprocessing.queues import SimpleQueue
+    from multiprocessing.synchronize import Condition
+
+    from ._rows import IngestReport
+
+PARALLEL_MIN_BYTES: Final = 8_000_000
+"""Below this many bytes in all the files, one process ingests them: a spawned worker
+needs about 0.2 s (a fresh interpreter importing the package) before it helps."""
+CHECKPOINT_BYTES: Final = 4_000_000
+"""A worker runs a WAL checkpoint after each this many bytes of files it wrote (see
+:func:`_work`)."""
+_POLL: Final = 0.5
+"""Seconds between liveness checks of the other processes while waiting for a turn."""
+
+
+def worker_count(paths: Sequence[str], workers: int | None) -> int:
+    """How many processes ingest ``paths``: ``workers`` when given, else one per usable
+    CPU when the files hold at least :data:`PARALLEL_MIN_BYTES`; never more than files."""
+    if workers is None:
+        size = 0
+        for path in paths:
+            try:
+                size += os.stat(path).st_size
+            except OSError:
+                continue  # the pass reports it (no_input / unreadable)
+        workers = len(os.sched_getaffinity(0)) if size >= PARALLEL_MIN_BYTES else 1
+    return max(1, min(workers, len(paths)))
+
+
+@attrs.frozen
+class Job:
+    """What a spawned worker needs to open the store and ingest like the caller."""
+
+    home: str
+    patterns: tuple[str, ...]
+    paths: tuple[str, ...]
+    run_id: str
+    harness: str | None
+    policy: str | CapturePolicy | None
+    resume_offset: int | None
+
+
+class _Stopped(Exception):
+    """An earlier file failed: this one is not written."""
+
+
+class Turns:
+    """Shared counters of one parallel ingest: the next file to take, the next to commit,
+    and the failed file (-1: none). Guarded by one condition shared by the processes."""
+
+    def __init__(self, ctx: SpawnContext, count: int) -> None:
+        self.count = count
+        self.cond: Condition = ctx.Condition()
+        self._take = ctx.RawValue("q", 0)
+        self._commit = ctx.RawValue("q", 0)
+        self._failed = ctx.RawValue("q", -1)
+
+    def claim(self) -> int | None:
+        """The next file index to prepare, or null when none is left (or one failed)."""
+        with self.cond:
+            index = int(self._take.value)
+            if index >= self.count or self._failed.value >= 0:
+                return None
+            self._take.value = index + 1
+            return index
+
+    def _wait(self, index: int, alive: Callable[[], bool]) -> None:
+        """Wait (holding the condition) until ``index`` is next to commit."""
+        while self._commit.value != index:
+            if 0 <= self._failed.value < index:
+                raise _Stopped
+            if not self.cond.wait(_POLL) and not alive():
+                raise EvidenceStoreUnavailable("a parallel ingest worker stopped")
+        if self._failed.value >= 0:
+            raise _Stopped
+
+    @contextmanager
+    def turn(self, index: int, alive: Callable[[], bool]) -> Iterator[None]:
+        """Held while file ``index`` is written: entered once every earlier file is
+        committed; leaving it normally lets the next file go, an error stops the rest."""
+        with self.cond:
+            self._wait(index, alive)
+        try:
+            yield
+        except Exception:
+            self.fail(index, alive)
+            raise
+        with self.cond:
+            self._commit.value = index + 1
+            self.cond.notify_all()
+
+    def fail(self, index: int, alive: Callable[[], bool]) -> None:
+        """Record that file ``index`` failed, once every earlier file is committed."""
+        with self.cond:
+            if self._failed.value != index:
+                self._wait(index, alive)
+                self._failed.value = index
+            self.cond.notify_all()
+
+    def halt(self) -> None:
+        """Stop handing out files (the caller is leaving)."""
+        with self.cond:
+            self._take.value = self.count
+            self.cond.notify_all()
+
+    def finished(self) -> int:
+        with self.cond:
+            return int(self._commit.value)
+
+
+@attrs.frozen
+class _Failure:
+    """A file's error as it crosses processes: class name, message and details."""
+
+    name: str
+    message: str
+    details: dict[str, Any]
+
+    @classmethod
+    def of(cls, exc: BaseException) -> _Failure:
+        if isinstance(exc, BraidError):
+            return cls(type(exc).__name__, exc.message, exc.details)
+        return cls("BraidError", "an ingest worker failed", {"error": type(exc).__name__})
+
+    def error(self) -> BraidError:
+        kind = getattr(errors, self.name, None)
+        if not (isinstance(kind, type) and issubclass(kind, BraidError)):
+            kind = BraidError
+        return kind(self.message, details=self.details)
+
+
+def _work(
+    one: Callable[[str, Callable[[], AbstractContextManager[object]]], IngestReport],
+    paths: Sequence[str],
+    turns: Turns,
+    alive: Callable[[], bool],
+    done: Callable[[int, IngestReport | _Failure], None],
+    checkpoint: Callable[[], None],
+) -> None:
+    """Take, prepare and write files until none is left; ``done`` gets each outcome.
+
+    The connections run no automatic checkpoint (it would run inside a commit, while the
+    next file waits for its turn); each worker checkpoints (``PASSIVE``) after its turn
+    once it has written :data:`CHECKPOINT_BYTES` of files, while another one writes. The
+    checkpoints copy the same committed pages as automatic ones, only at other moments.
+    """
+    written = 0
+    while (index := turns.claim()) is not None:
+        try:
+            report = one(paths[index], functools.partial(turns.turn, index, alive))
+        except _Stopped:
+            return
+        except Exception as exc:  # the file's outcome; files after it are not written
+            try:
+                turns.fail(index, alive)
+            except _Stopped:
+                return
+            done(index, _Failure.of(exc))
+            return
+        done(index, report)
+        try:
+            written += os.stat(paths[index]).st_size
+        except OSError:
+            continue
+        if written >= CHECKPOINT_BYTES:
+            checkpoint()
+            written = 0
+
+
+def child(job: Job, turns: Turns, results: SimpleQueue[tuple[int, Any]]) -> None:
+    """A spawned worker: open the store and work through the files with the others."""
+    from ._store import EvidenceStore  # (here: _store imports this module)
+
+    parent = parent_process()
+
+    def alive() -> bool:
+        return parent is None or parent.is_alive()
+
+    store = EvidenceStore.open(Path(job.home), redaction_patterns=job.patterns)
+    try:
+        with store.checkpoints_deferred():
+            _work(
+                functools.partial(store.ingest_with_turn, job=job),
+                job.paths,
+                turns,
+                alive,
+                lambda index, outcome: results.put((index, outcome)),
+                store.checkpoint,
+            )
+    finally:
+        store.close()
+
+
+def ingest_in_order(
+    one: Callable[[str, Callable[[], AbstractContextManager[object]]], IngestReport],
+    job: Job,
+    workers: int,
+    checkpoint: Callable[[], None],
+) -> Iterator[IngestReport]:
+    """Ingest ``job.paths`` with ``workers`` processes (this one included, running ``one``
+    and ``checkpoint`` with automatic checkpoints off); yield each file's report in file
+    order, and raise the first failure where a sequential loop would have."""
+    ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold threads, a db
+    turns = Turns(ctx, len(job.paths))
+    results: SimpleQueue[tuple[int, Any]] = ctx.SimpleQueue()
+    procs: list[SpawnProcess] = [
+        ctx.Process(target=child, args=(job, turns, results), daemon=True)
+        for _ in range(workers - 1)
+    ]
+    for proc in procs:
+        proc.start()
+
+    def alive() -> bool:
+        return all(proc.is_alive() or proc.exitcode == 0 for proc in procs)
+
+    ready: dict[int, IngestReport | _Failure] = {}
+
+    def collect() -> None:
+        while not results.empty():
+            index, outcome = results.get()
+            ready[index] = outcome
+
+    def done(index: int, outcome: IngestReport | _Failure) -> None:
+        ready[index] = outcome
+        collect()  # a worker's put blocks once the pipe is full
+
+    try:
+        _work(one, job.paths, turns, alive, done, checkpoint)
+        for proc in procs:
+            while proc.is_alive():
+                collect()
+                proc.join(_POLL)
+        collect()
+    finally:
+        turns.halt()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+    for index in range(len(job.paths)):
+        outcome = ready.get(index)
+        if outcome is None:  # no failure before it: a worker died holding it
+            raise EvidenceStoreUnavailable("a parallel ingest worker stopped")
+        if isinstance(outcome, _Failure):
+            raise outcome.error()
+        yield outcome

@@ -1,0 +1,203 @@
+"""``ingest_many``: several processes store exactly what a sequential ``ingest`` loop stores.
+
+Every comparison reads the whole database of both stores (entries, sources, coverage, links,
+objects and their bodies, actions, file cursors) with only the clock's values and the random
+coverage ids left out, so rows, their order (primary keys) and every body must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from contextlib import closing, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from braid_actors.errors import EvidenceInvalidArgument
+from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_count
+from braid_actors.evidence._parallel import Job
+
+from ._helpers import FIXTURES
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+RUN = "run_parallel"
+_CLOCK = frozenset(
+    {"created_at", "observed_at", "last_success_at", "updated_at", "id", "object_hash"}
+)
+"""Keys of clock values (a coverage report's id is random, its hash covers both)."""
+
+
+def _corpus(tmp_path: Path) -> list[Path]:
+    """Every Claude Code and Codex fixture, the Gemini one, an unknown-format file and a
+    missing one: each kind of pass."""
+    out = sorted((FIXTURES / "claude-code").rglob("*.jsonl"))
+    out += sorted((FIXTURES / "codex").rglob("*.jsonl"))
+    out += sorted((FIXTURES / "gemini-cli").rglob("*.json"))
+    unknown = tmp_path / "notes.jsonl"
+    unknown.write_text('{"note": 1}\n', encoding="utf-8")
+    return [*out, unknown, tmp_path / "missing.jsonl"]
+
+
+def _clockless(body: str) -> Any:
+    value = json.loads(body)
+    if isinstance(value, dict):
+        for key in _CLOCK & value.keys():
+            value[key] = None
+    return value
+
+
+def _dump(home: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table an ingest writes, in primary-key order, clock values blanked."""
+    queries = {
+        "entries": "SELECT pk, id, run_id, source_pk, source_key, sequence, ordinal, revision, "
+        "latest, kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, object_hash, "
+        "body FROM entries ORDER BY pk",
+        "sources": "SELECT pk, id, run_id, harness, session_id, agent_id, parent_session_id, "
+        "path_key, body FROM sources ORDER BY pk",
+        "coverage": "SELECT pk, run_id, source_id, status, body FROM coverage ORDER BY pk",
+        "links": "SELECT * FROM links ORDER BY run_id, entry_id, node_id, kind",
+        "objects": "SELECT * FROM objects ORDER BY ref",
+        "object_data": "SELECT * FROM object_data ORDER BY pk",
+        "actions": "SELECT * FROM actions ORDER BY pk",
+        "files": "SELECT run_id, path_key, boundary, boundary_hash, cursor, cursor_hash "
+        "FROM files ORDER BY run_id, path_key",
+        "runs": "SELECT run_id, policy FROM runs ORDER BY run_id",
+    }
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+        for table, query in queries.items():
+            cursor = conn.execute(query)
+            names = [d[0] for d in cursor.description]
+            out[table] = [
+                tuple(
+                    _clockless(v) if name in ("body", "policy") else v
+                    for name, v in zip(names, row, strict=True)
+                )
+                for row in cursor
+            ]
+    return out
+
+
+def _reports(reports: list[Any]) -> list[Any]:
+    return [
+        (r.path, r.harness, [(_blank(s.coverage), s.summary) for s in r.sources]) for r in reports
+    ]
+
+
+def _blank(coverage: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if k in _CLOCK else v) for k, v in coverage.items()}
+
+
+def _sequential(home: Path, paths: list[Path], **kwargs: Any) -> list[Any]:
+    with EvidenceStore.open(home) as store:
+        return [store.ingest(path, run_id=RUN, **kwargs) for path in paths]
+
+
+def test_parallel_ingest_stores_what_sequential_ingest_stores(tmp_path: Path) -> None:
+    """Two processes, every kind of file, some files twice: the same rows, bodies, links,
+    objects, coverage and reports as one ``ingest`` after the other."""
+    corpus = _corpus(tmp_path)
+    paths = [*corpus, corpus[2], corpus[0], corpus[-4]]  # again: duplicates, in order
+    expected = _sequential(tmp_path / "seq", paths)
+    with EvidenceStore.open(tmp_path / "par") as store:
+        got = list(store.ingest_many(paths, run_id=RUN, workers=2))
+    assert _reports(got) == _reports(expected)
+    seq, par = _dump(tmp_path / "seq"), _dump(tmp_path / "par")
+    assert seq["entries"]
+    assert seq["links"]
+    for table in seq:
+        assert par[table] == seq[table], table
+
+
+def test_parallel_ingest_of_a_grown_run_continues_like_sequential(tmp_path: Path) -> None:
+    """Into a run that already holds the files (under ``detailed``): all duplicates, the
+    run's policy kept, for both ways."""
+    corpus = _corpus(tmp_path)[:9]
+    for name in ("seq", "par"):
+        _sequential(tmp_path / name, corpus, policy="detailed")
+    expected = _sequential(tmp_path / "seq", corpus)
+    with EvidenceStore.open(tmp_path / "par") as store:
+        got = list(store.ingest_many(corpus, run_id=RUN, workers=2))
+    assert _reports(got) == _reports(expected)
+    assert all(
+        s.coverage["counts"]["stored"] == 0 and s.coverage["capture_policy"]["preset"] == "detailed"
+        for r in got
+        for s in r.sources
+    )
+    assert _dump(tmp_path / "par") == _dump(tmp_path / "seq")
+
+
+def test_a_failing_file_stops_the_parallel_ingest_where_a_loop_stops(tmp_path: Path) -> None:
+    """A resume offset that is a line start in the first files only: the files before the
+    failing one are stored and reported, the error is the loop's, nothing after is stored."""
+    short = FIXTURES / "claude-code/marot__spotter/test/fixtures/transcripts/short.jsonl"
+    offset = short.read_bytes().index(b"\n") + 1
+    copies = []
+    for k in range(3):
+        copy = tmp_path / f"c{k}" / short.name
+        copy.parent.mkdir()
+        shutil.copyfile(short, copy)
+        copies.append(copy)
+    other = sorted((FIXTURES / "codex").rglob("*.jsonl"))[0]
+    assert other.read_bytes()[offset - 1 : offset] != b"\n"
+    paths = [copies[0], copies[1], other, copies[2]]
+    with EvidenceStore.open(tmp_path / "seq") as store:  # a loop stops at paths[2]
+        done = [store.ingest(path, run_id=RUN, resume_offset=offset) for path in paths[:2]]
+        with pytest.raises(EvidenceInvalidArgument):
+            store.ingest(paths[2], run_id=RUN, resume_offset=offset)
+    got: list[Any] = []
+    with (
+        EvidenceStore.open(tmp_path / "par") as store,
+        pytest.raises(EvidenceInvalidArgument) as raised,
+    ):
+        got.extend(store.ingest_many(paths, run_id=RUN, resume_offset=offset, workers=2))
+    assert raised.value.details == {"field": "resume_offset"}
+    assert _reports(got) == _reports(done)
+    assert len(got) == 2
+    assert _dump(tmp_path / "par") == _dump(tmp_path / "seq")
+
+
+def test_a_file_written_meanwhile_is_prepared_again_inside_the_transaction(
+    tmp_path: Path,
+) -> None:
+    """Another writer ingests the same file (starting the run as ``detailed``) after this
+    pass prepared it: the pass reads the new cursor and policy inside its transaction and
+    stores what a pass after that writer's stores (all duplicates, ``detailed``)."""
+    path = FIXTURES / "claude-code/marot__spotter/test/fixtures/transcripts/subagent.jsonl"
+    home = tmp_path / "home"
+    with EvidenceStore.open(home) as store, EvidenceStore.open(home) as other:
+
+        @contextmanager
+        def turn() -> Iterator[None]:
+            other.ingest(path, run_id=RUN, policy="detailed")
+            yield
+
+        job = Job(str(home), (), (str(path),), RUN, None, None, None)
+        report = store.ingest_with_turn(str(path), turn, job=job)
+    expected = _sequential(tmp_path / "seq", [path, path], policy="detailed")[1]
+    assert _reports([report]) == _reports([expected])
+    coverage = report.sources[0].coverage
+    assert coverage["counts"]["stored"] == 0
+    assert coverage["counts"]["duplicates"] > 0
+    assert coverage["capture_policy"]["preset"] == "detailed"
+
+
+def test_worker_count(tmp_path: Path) -> None:
+    """One process for little input, one per CPU from PARALLEL_MIN_BYTES; never more
+    processes than files; an explicit count wins; a missing file weighs nothing."""
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"{}\n")
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b" " * PARALLEL_MIN_BYTES)
+    missing = str(tmp_path / "missing.jsonl")
+    assert worker_count([str(small), missing], None) == 1
+    cpus = len(os.sched_getaffinity(0))
+    assert worker_count([str(big), str(small), missing], None) == min(cpus, 3)
+    assert worker_count([str(small)], 4) == 1
+    assert worker_count([str(small), missing], 4) == 2
