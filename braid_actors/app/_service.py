@@ -77,7 +77,7 @@ transaction, the WAL's fsync, the thread hand-offs) and ~10 us per record, so un
 longer floor is most of what a record costs. At 500 streaming runs (5,000 events/s,
 ``tools/bench runs``): 4 ms, ~220 commits/s, supervisor 62-64% of a core, ack p50 ~5 ms;
 6 ms 57%; 8 ms ~120 commits/s, 55-57%, p50 ~8 ms; 10 ms ~96 commits/s, 49-56%, p50 ~9 ms,
-p99 16-28 ms (most of its tail falls around snapshot writes). An isolated request
+p99 16-33 ms (most of its tail falls around snapshot writes). An isolated request
 is still written at once; under load a record waits at most 10 ms more, which no one
 watching an agent's stream can see."""
 HEAD_INTERVAL = 0.1
