@@ -49,8 +49,8 @@ database ahead of its head is not a fault).
 Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interval`` seconds,
 in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
 admission on the trio thread right after a commit (the graph's is a copy whose canonical JSON
-is gathered in short slices, at most a tenth of the loop's time, between commits), encrypted
-in a thread while commits go on, and written by the actor between two batches.
+is gathered in short slices, at most a tenth of the loop's time, between commits), sealed
+(hashed and encrypted) on the trio thread, and written by the actor between two batches.
 
 Deadline: with ``answer_within``, a watchdog task answers any request still unanswered that
 long after it was made with :class:`JournalTimeout` (see ``_request``); a producer may also
@@ -163,7 +163,7 @@ class _Actor:
     last_commit_at: float = float("-inf")
     deadlines: AnswerDeadlines | None = None
     thread: WriterThread = attrs.Factory(lambda: WriterThread("braid-journal-writer"))
-    """Commits and snapshot writes (sealing snapshots and head writes use trio's threads)."""
+    """Commits and snapshot writes (head writes and checkpoints use trio's threads)."""
 
     async def serve(
         self, receive: trio.MemoryReceiveChannel[Request], nursery: trio.Nursery
@@ -309,9 +309,10 @@ class _Actor:
                 )
             else:
                 state_json = await _gather(state)
-                sealed = await trio.to_thread.run_sync(
-                    self.journal.seal_snapshot_json, seq, version, state_json
-                )
+                # Sealed here, not in a thread: its hashing and encryption release the GIL
+                # anyway (~6 ms for 1.8 MB), and a third thread wanting the GIL beside the
+                # loop and the writer stretched it to 20-30 ms of slow acknowledgements.
+                sealed = self.journal.seal_snapshot_json(seq, version, state_json)
             async with self.writer:
                 await self.thread.run(self.journal.write_snapshot, sealed)
         finally:
