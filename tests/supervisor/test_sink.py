@@ -61,17 +61,17 @@ async def test_a_stream_is_journaled_in_order_mostly_by_the_hubs_fast_path(
     hub = app.runs.pipes
     assert hub is not None
     before = hub.fast_lines
-    run_id = await _finished_run(app, workspace, "?stream 1 30")
+    run_id = await _finished_run(app, workspace, "?stream 2 10")
     records = _part_records(app, run_id)
     streamed = [r for r in records if str(r["part"]["text"]).startswith("Streaming")]
-    assert [r["part"]["text"] for r in streamed] == ["Streaming" + "." * n for n in range(1, 31)]
+    assert [r["part"]["text"] for r in streamed] == ["Streaming" + "." * n for n in range(1, 21)]
     cursors = [r["cursor"] for r in records]
     assert cursors == list(range(cursors[0], cursors[0] + len(records)))
-    # The first part update (right after the session) may take the task's path; the rest
-    # are the hub's, each with the previous one committed well before (30 ms apart).
-    assert hub.fast_lines - before >= 25
+    # An update takes the task's path when the previous one is not yet committed (the
+    # commit floor is 10 ms; updates come 100 ms apart): a few may, most are the hub's.
+    assert hub.fast_lines - before >= 15
     message = app.state.messages[app.run(run_id).assistant_message_id or ""]
-    assert next(p.text for p in message.parts if isinstance(p, TextPart)) == "Streaming" + "." * 30
+    assert next(p.text for p in message.parts if isinstance(p, TextPart)) == "Streaming" + "." * 20
 
 
 async def test_a_refused_part_update_is_raised_by_the_sinks_next_call(

@@ -152,37 +152,47 @@ def recording_fast(taken: list[bytes], take: Callable[[bytes], bool]) -> Callabl
     return fast
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    # polls the hub's own state, which no event reports
+    with trio.fail_after(10):
+        while not condition():  # noqa: ASYNC110
+            await trio.sleep(0.002)
+
+
 async def test_the_fast_path_takes_lines_only_while_the_owner_waits_with_none_queued() -> None:
     """A declined line, and every line after it, reach the owner in order."""
     taken: list[bytes] = []
     async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
         reader.fast = recording_fast(taken, lambda line: line.startswith(b"f"))
         received: list[bytes] = []
+        busy = trio.Event()
         async with trio.open_nursery() as nursery:
 
             async def owner() -> None:
                 line = await reader.receive_line()
                 assert line is not None
                 received.append(line)
-                await trio.sleep(0.05)  # busy with it: the hub must queue, not take
+                await busy.wait()  # busy with it: the hub must queue, not take
                 for _ in range(2):
                     line = await reader.receive_line()
                     assert line is not None
                     received.append(line)
 
             nursery.start_soon(owner)
-            await trio.sleep(0.02)
+            await until(lambda: reader._waiter is not None)
             os.write(write_end, b"f1\ns2\nf3\n")
-            await trio.sleep(0.02)
+            await until(lambda: received == [b"s2"])
             os.write(write_end, b"f4\n")
+            await until(lambda: len(reader._lines) == 2)  # f3 and f4, queued
+            busy.set()
         assert taken == [b"f1"]
         assert received == [b"s2", b"f3", b"f4"]
         # the owner is parked again with nothing queued: the hub takes the next one
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader.receive_line)
-            await trio.sleep(0.02)
+            await until(lambda: reader._waiter is not None)
             os.write(write_end, b"f5\n")
-            await trio.sleep(0.05)
+            await until(lambda: len(taken) == 2)
             assert taken == [b"f1", b"f5"]
             nursery.cancel_scope.cancel()
         assert reader.lines_read == 5
@@ -192,7 +202,7 @@ async def test_one_task_at_a_time_reads_a_pipe() -> None:
     async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader.receive_line)
-            await trio.sleep(0.01)
+            await until(lambda: reader._waiter is not None)
             with pytest.raises(trio.BusyResourceError):
                 await reader.receive_line()
             os.write(write_end, b"for the first\n")
@@ -200,7 +210,10 @@ async def test_one_task_at_a_time_reads_a_pipe() -> None:
 
 
 async def test_a_fast_path_that_raises_declines_the_line() -> None:
+    offered: list[bytes] = []
+
     def broken(line: bytes) -> bool:
+        offered.append(line)
         raise ValueError("not mine")
 
     async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
@@ -208,6 +221,7 @@ async def test_a_fast_path_that_raises_declines_the_line() -> None:
         os.write(write_end, b"kept\n")
         with trio.fail_after(5):
             assert await reader.receive_line() == b"kept"
+        assert offered == [b"kept"]
 
 
 async def test_a_closed_reader_and_a_stopped_hub_end_their_readers() -> None:
