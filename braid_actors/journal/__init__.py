@@ -14,7 +14,8 @@ The journal is generic: an :class:`Admission` supplied by the application valida
 and folds committed records into its read model.
 """
 
-from ._actor import Admission, JournalHandle, SnapshottingAdmission, run_journal
+from ._actor import Admission, SnapshottingAdmission, run_journal
+from ._handle import JournalHandle
 from ._keys import load_or_create_key, parse_key
 from ._projection import (
     GraphAdmission,

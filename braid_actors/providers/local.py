@@ -18,7 +18,7 @@ import contextlib
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -29,6 +29,12 @@ from braid_actors.model import (
 )
 from braid_actors.providers._cancel import run_watched
 from braid_actors.providers._local_fast import fast_parts
+from braid_actors.providers._local_fields import (
+    count_field,
+    optional_text_field,
+    outcome_of,
+    text_field,
+)
 from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import (
@@ -467,7 +473,7 @@ class _Turn:
             self._require_session(kind)
             await self._on_usage(message)
         elif kind == "error":
-            self.last_error = (_text(message, "code"), _text(message, "message"))
+            self.last_error = (text_field(message, "code"), text_field(message, "message"))
         elif kind == "done":
             return self._on_done(message)
         else:
@@ -486,9 +492,9 @@ class _Turn:
     async def _on_session(self, message: dict[str, Any]) -> None:
         if self.session is not None:
             raise ProviderProtocolError("the worker named its session twice")
-        session_id = _text(message, "sessionId")
+        session_id = text_field(message, "sessionId")
         resumed = message.get("resumed")
-        path = _optional_text(message, "path")
+        path = optional_text_field(message, "path")
         requested = self.request.session.session_id
         if not is_session_id(session_id) or not isinstance(resumed, bool):
             raise ProviderProtocolError("the worker's session message is malformed")
@@ -509,8 +515,8 @@ class _Turn:
         await self.sink.session(self.session)
 
     async def _on_interaction(self, message: dict[str, Any]) -> None:
-        interaction_id = _text(message, "interactionId")
-        kind = _text(message, "kind")
+        interaction_id = text_field(message, "interactionId")
+        kind = text_field(message, "kind")
         subject = message.get("subject")
         if kind not in LOCAL_CAPABILITIES.interaction_kinds or not isinstance(subject, dict):
             raise ProviderProtocolError(
@@ -537,8 +543,8 @@ class _Turn:
         if cost is not None and cost < 0:
             raise ProviderProtocolError("the worker's costUsd is negative")
         self.usage = Usage(
-            input_tokens=_count(message, "inputTokens"),
-            output_tokens=_count(message, "outputTokens"),
+            input_tokens=count_field(message, "inputTokens"),
+            output_tokens=count_field(message, "outputTokens"),
             source="estimate",
         )
         self.cost_usd = None if cost is None else float(cost)
@@ -551,55 +557,18 @@ class _Turn:
             raise ProviderProtocolError("the worker's done has no known outcome")
         if outcome == "completed" and self.session is None:
             raise ProviderProtocolError("the worker completed a turn without naming its session")
-        reason = _optional_text(message, "reason")
+        reason = optional_text_field(message, "reason")
         if reason is None and outcome != "completed" and self.last_error is not None:
             reason = f"{self.last_error[0]}: {self.last_error[1]}"
-        session_id = _optional_text(message, "sessionId")
+        session_id = optional_text_field(message, "sessionId")
         if self.session is not None and session_id != self.session.session_id:
             raise ProviderProtocolError("the worker's done names a different session")
         return TurnResult(
-            outcome=_outcome(outcome),
+            outcome=outcome_of(outcome),
             reason=reason,
             usage=self.usage,
             cost_usd=self.cost_usd,
             session_id=session_id,
-            session_boundary=_optional_text(message, "sessionBoundary"),
-            session_digest=_optional_text(message, "sessionDigest"),
+            session_boundary=optional_text_field(message, "sessionBoundary"),
+            session_digest=optional_text_field(message, "sessionDigest"),
         )
-
-
-def _outcome(value: str) -> Literal["completed", "failed", "cancelled"]:
-    if value == "completed":
-        return "completed"
-    return "failed" if value == "failed" else "cancelled"
-
-
-def _text(message: dict[str, Any], key: str) -> str:
-    value = _optional_text(message, key)
-    if value is None:
-        raise ProviderProtocolError(
-            "a worker message lacks a required field",
-            details={"type": message.get("type"), "field": key},
-        )
-    return value
-
-
-def _optional_text(message: dict[str, Any], key: str) -> str | None:
-    value = message.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ProviderProtocolError(
-            "a worker message field is not a string",
-            details={"type": message.get("type"), "field": key},
-        )
-    return value
-
-
-def _count(message: dict[str, Any], key: str) -> int | None:
-    value = message.get(key)
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        raise ProviderProtocolError(
-            "a worker token count is not a non-negative integer", details={"field": key}
-        )
-    return value
