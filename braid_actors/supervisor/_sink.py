@@ -1,12 +1,15 @@
 """The journal sink: how a provider reports one run, each call returning once durable.
 
 Part updates are the exception, because they are most of what a run reports (a stream
-sends one per chunk): :meth:`JournalSink.part` queues the update and returns, and its
-commit is awaited by the sink's next call, or by :meth:`JournalSink.settle` when the turn
-ends; that call raises what refused it. The journal commits in queue order, so nothing
-reported later can land before it. Waiting for each update's commit instead parked the
-run's task once more per update, which at 500 streaming runs was a tenth of the event
-loop.
+sends one per chunk): :meth:`JournalSink.part` queues the update and returns. Up to
+:data:`PART_PIPELINE` updates of a run may be queued and not yet committed; every other
+report, and :meth:`JournalSink.settle` when the turn ends, first waits until all of them
+are answered and raises what refused the first refused one. The journal commits in queue
+order, so nothing reported later can land before them. Waiting for each update's commit
+instead parked the run's task once more per update, which at 500 streaming runs was a
+tenth of the event loop; allowing only one in flight sent every update to the run's own
+task (off the pipe hub's fast path) as soon as acknowledgements took longer than the
+stream's interval, which made them slower still.
 
 A sink can be *closed*: once a spend limit is crossed (or the run is being stopped), the
 event that crossed it was the last one accepted, and every later report from the provider
@@ -16,6 +19,7 @@ the provider never waits on it).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import attrs
@@ -49,6 +53,9 @@ if TYPE_CHECKING:
     from braid_actors.supervisor._runs import RunsSupervisor
 
 CLOSED_ANSWER = InteractionAnswer(allow=False, message="the run is stopping")
+PART_PIPELINE = 8
+"""Part updates of one run that may be queued before the sink waits for the oldest one's
+commit (8 covers 0.8 s of acknowledgement latency at 10 updates/s)."""
 
 
 async def recorded_seq(request: Request) -> int:
@@ -100,8 +107,8 @@ class JournalSink:
         self.closed = False
         self.session_info: SessionInfo | None = None
         self.root_worker: Worker | None = None
-        self._unsettled: Request | None = None
-        """The last part update queued whose commit nobody has seen yet."""
+        self._unsettled: deque[Request] = deque()
+        """Part updates queued whose commit nobody has seen yet, oldest first."""
 
     def close(self) -> None:
         """Accept nothing more; release any interaction the provider waits on."""
@@ -111,11 +118,32 @@ class JournalSink:
                 pending.resolve(CLOSED_ANSWER)
 
     async def settle(self) -> None:
-        """Wait until the part updates queued so far are committed; raise what refused one."""
-        request, self._unsettled = self._unsettled, None
-        if request is not None:
-            await recorded_seq(request)
+        """Wait until every part update queued so far is answered; raise what refused the
+        first refused one (each refusal is raised once)."""
+        first: BaseException | None = None
+        while self._unsettled:
+            request = self._unsettled.popleft()
+            try:
+                await recorded_seq(request)
+            except (BraidError, trio.TooSlowError) as exc:
+                first = first or exc
+                continue
             crash_point("run.part")
+        if first is not None:
+            raise first
+
+    def _drop_committed(self) -> bool:
+        """Forget the committed updates at the front; False when one was refused."""
+        unsettled = self._unsettled
+        while unsettled:
+            head = unsettled[0]
+            if not head.answered:
+                return True
+            if isinstance(head.outcome, BraidError):
+                return False
+            unsettled.popleft()
+            crash_point("run.part")
+        return True
 
     def _next_cursor(self) -> int:
         self._cursor += 1
@@ -171,28 +199,26 @@ class JournalSink:
     async def part(self, part: Part) -> None:
         if self.closed:
             return
-        await self.settle()
-        self._unsettled = await self._sup.submit(self._part_event(part, self._next_cursor()))
+        if not self._drop_committed() or len(self._unsettled) >= PART_PIPELINE:
+            await self.settle()
+        self._unsettled.append(await self._sup.submit(self._part_event(part, self._next_cursor())))
 
     def part_nowait(self, part: Part) -> bool:
         """:meth:`part` if it can be done without waiting; False: call :meth:`part`.
 
-        That is, unless the previous part update is still uncommitted or was refused, or
-        the journal can't queue this one at once. Nothing is queued when it returns False.
+        That is, unless a queued part update was refused, :data:`PART_PIPELINE` of them
+        are still uncommitted, or the journal can't queue this one at once. Nothing is
+        queued when it returns False.
         """
         if self.closed:
             return True  # dropped, as part() drops it
-        previous = self._unsettled
-        if previous is not None:
-            if not previous.answered or isinstance(previous.outcome, BraidError):
-                return False
-            self._unsettled = None
-            crash_point("run.part")
+        if not self._drop_committed() or len(self._unsettled) >= PART_PIPELINE:
+            return False
         request = self._sup.submit_nowait(self._part_event(part, self._cursor + 1))
         if request is None:
             return False
         self._cursor += 1
-        self._unsettled = request
+        self._unsettled.append(request)
         return True
 
     def _part_event(self, part: Part, cursor: int) -> RunPartUpdated:

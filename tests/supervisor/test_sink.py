@@ -17,7 +17,7 @@ from braid_actors.app import BraidApp, call, open_app
 from braid_actors.errors import BraidError
 from braid_actors.journal import Journal, load_or_create_key
 from braid_actors.model import TextPart
-from braid_actors.supervisor._sink import JournalSink
+from braid_actors.supervisor._sink import PART_PIPELINE, JournalSink
 
 
 @pytest.fixture
@@ -77,8 +77,8 @@ async def test_a_stream_is_journaled_in_order_mostly_by_the_hubs_fast_path(
 async def test_a_refused_part_update_is_raised_by_the_sinks_next_call(
     braid: tuple[BraidApp, Path],
 ) -> None:
-    """``part`` returns once queued; the refusal comes with the next report or ``settle``,
-    and ``part_nowait`` declines while the previous update is refused or unanswered."""
+    """``part`` returns once queued; the refusal comes with the next report or ``settle``
+    (once), and ``part_nowait`` declines once a queued update is known to be refused."""
     app, workspace = braid
     run_id = await _finished_run(app, workspace, "hello")
     calls: list[str] = []
@@ -89,14 +89,15 @@ async def test_a_refused_part_update_is_raised_by_the_sinks_next_call(
     sink = JournalSink(app.runs, run_id, on_worker=nothing, on_usage=nothing)
     part = TextPart("part_late", "too late")
     await sink.part(part)  # queued: the run is terminal, so the journal will refuse it
-    assert not sink.part_nowait(part)  # the previous one is not known to be committed
+    await sink.part(part)  # pipelined behind it, refused as well
     with pytest.raises(BraidError) as caught:
         await sink.settle()
     assert caught.value.code == "terminal_run_mutation"
+    assert not sink._unsettled  # every queued update was answered before it raised
     await sink.settle()  # reported once
     await sink.part(part)
     with trio.fail_after(10):
-        while not sink._unsettled or not sink._unsettled.answered:  # noqa: ASYNC110
+        while not sink._unsettled[-1].answered:  # noqa: ASYNC110
             await trio.sleep(0.01)
     assert not sink.part_nowait(part)  # refused: the slow path raises it
     with pytest.raises(BraidError):
@@ -104,3 +105,38 @@ async def test_a_refused_part_update_is_raised_by_the_sinks_next_call(
     late = [r for r in _part_records(app, run_id) if r["part"]["part_id"] == "part_late"]
     assert late == []
     assert calls == []
+
+
+async def test_part_updates_are_pipelined_up_to_the_bound_and_committed_in_order(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """While the journal cannot commit, ``part_nowait`` queues up to ``PART_PIPELINE``
+    updates of a live run and then declines; once it can, they commit in queue order."""
+    app, workspace = braid
+    created = await call(app, "create_conversation", {"workspace": str(workspace)})
+    sent = await call(app, "submit_turn", {"branchId": created["branchId"], "text": "?sleep 3"})
+    run_id: str = sent["runId"]
+    with trio.fail_after(30):
+        while app.run(run_id).state != "running":
+            await app.changed()
+
+    async def nothing(*_: object) -> None:
+        pass
+
+    sink = JournalSink(app.runs, run_id, on_worker=nothing, on_usage=nothing)
+    actor = app.journal._actor
+    async with actor.writer:  # no batch can be written meanwhile: nothing is answered
+        queued = [sink.part_nowait(TextPart("part_pipe", f"v{i}")) for i in range(PART_PIPELINE)]
+        assert queued == [True] * PART_PIPELINE
+        assert not sink.part_nowait(TextPart("part_pipe", "one too many"))
+        assert len(sink._unsettled) == PART_PIPELINE
+        assert not any(r.answered for r in sink._unsettled)
+    with trio.fail_after(10):
+        await sink.settle()
+    assert not sink._unsettled
+    records = [r for r in _part_records(app, run_id) if r["part"]["part_id"] == "part_pipe"]
+    assert [r["part"]["text"] for r in records] == [f"v{i}" for i in range(PART_PIPELINE)]
+    cursors = [r["cursor"] for r in records]
+    assert cursors == list(range(cursors[0], cursors[0] + PART_PIPELINE))
+    assert sink.part_nowait(TextPart("part_pipe", "after"))  # room again
+    await sink.settle()
