@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
+from braid_actors.workers._procstat import read_proc_file
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -107,8 +109,7 @@ def _from_proc() -> dict[int, int]:
             if not name.isdigit():
                 continue
             try:
-                with open(f"{_PROC}/{name}/stat", "rb") as stat:
-                    data = stat.read()
+                data = read_proc_file(f"{_PROC}/{name}/stat")
             except OSError:
                 continue
             fields = data.rpartition(b")")[2].split(maxsplit=2)

@@ -111,3 +111,29 @@ def test_argv_is_read_by_psutil_s_rules() -> None:
     me = os.getpid()
     assert _procstat.read_argv(me) == psutil.Process(me).cmdline()
     assert _procstat.read_argv(2**22 + 1) is None  # no such pid
+
+
+def test_a_proc_file_reads_whole_as_open_reads_it(children: list[subprocess.Popen[bytes]]) -> None:
+    """``read_proc_file`` gives ``open().read()``'s bytes, past its first 4 KB read too
+    (a 20 KB command line), and ``open``'s error for a pid that does not exist."""
+    long_arg = "x" * 20_000
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", long_arg])
+    children.append(child)
+    deadline = time.monotonic() + 30
+    while long_arg not in psutil.Process(child.pid).cmdline():  # until it has exec'd
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for pid in (os.getpid(), child.pid):
+        for name in ("stat", "statm", "cmdline", "status"):
+            path = f"/proc/{pid}/{name}"
+            with open(path, "rb") as plain:
+                expected = plain.read()
+            got = _procstat.read_proc_file(path)
+            if name in ("stat", "status"):  # CPU times and counters move between two reads
+                assert got.split()[:3] == expected.split()[:3]
+            else:
+                assert got == expected
+    assert long_arg.encode() in _procstat.read_proc_file(f"/proc/{child.pid}/cmdline")
+    assert _procstat.read_argv(child.pid) == psutil.Process(child.pid).cmdline()
+    with pytest.raises(FileNotFoundError):
+        _procstat.read_proc_file(f"/proc/{2**22 + 1}/stat")
