@@ -64,10 +64,10 @@ SNAPSHOT_EVERY = 5_000
 SNAPSHOT_PER_ENTITY = 4
 """A snapshot waits until the tail since the last one holds 4 events per graph entity.
 
-A snapshot encodes every entity (between commits) and its write holds the journal's
-writer: with 200 streaming runs (~2,000 entities) each took 60-100 ms and delayed the
-commits behind it by ~30 ms, and at 5,000 events/s one every ``SNAPSHOT_EVERY`` events
-would be one per second. Tied to the state's size, its cost per event stays a fixed share
+A snapshot encodes every entity (between commits): with 200 streaming runs (~2,000
+entities) each took 60-100 ms (its write, once a row that held the journal's writer, is now
+a file of its own), and at 5,000 events/s one every ``SNAPSHOT_EVERY`` events would be one
+per second. Tied to the state's size, its cost per event stays a fixed share
 of a fold, and a restart replays at most 4 events per entity more."""
 COMMIT_INTERVAL = 0.010
 """Least time between two journal commits (the journal's floor; see journal/_actor.py).

@@ -50,7 +50,8 @@ Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interva
 in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
 admission on the trio thread right after a commit (the graph's is a copy whose canonical JSON
 is gathered in short slices, at most a tenth of the loop's time, between commits), sealed
-(hashed and encrypted) on the trio thread, and written by the actor between two batches.
+(hashed and encrypted) on the trio thread, and written to a file of its own in one of trio's
+threads while commits go on (no commit waits behind a snapshot, see ``_snapfiles``).
 
 Deadline: with ``answer_within``, a watchdog task answers any request still unanswered that
 long after it was made with :class:`JournalTimeout` (see ``_request``); a producer may also
@@ -163,7 +164,7 @@ class _Actor:
     last_commit_at: float = float("-inf")
     deadlines: AnswerDeadlines | None = None
     thread: WriterThread = attrs.Factory(lambda: WriterThread("braid-journal-writer"))
-    """Commits and snapshot writes (head writes and checkpoints use trio's threads)."""
+    """Commits (head writes, checkpoints and snapshot files use trio's threads)."""
 
     async def serve(
         self, receive: trio.MemoryReceiveChannel[Request], nursery: trio.Nursery
@@ -313,8 +314,8 @@ class _Actor:
                 # anyway (~6 ms for 1.8 MB), and a third thread wanting the GIL beside the
                 # loop and the writer stretched it to 20-30 ms of slow acknowledgements.
                 sealed = self.journal.seal_snapshot_json(seq, version, state_json)
-            async with self.writer:
-                await self.thread.run(self.journal.write_snapshot, sealed)
+            # A file of its own, written beside the commits: no commit waits behind it.
+            await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
         finally:
             self.snapshotting = False
 

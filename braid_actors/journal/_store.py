@@ -24,7 +24,9 @@ AES-GCM encrypted, see :mod:`._crypto` for the associated data that binds it to 
         seq = the last event seq at the operation's commit; ciphertext = its result
     snapshots(snapshot_id INTEGER PRIMARY KEY, seq INTEGER, nonce BLOB, ciphertext BLOB)
         ciphertext = canonical JSON {"checksum", "seq", "state", "version"}; the projection
-        version lives only inside the ciphertext. The newest three snapshots are kept.
+        version lives only inside the ciphertext. Written by journals before snapshots moved
+        to files of their own (``snapshots/``, see :mod:`._snapfiles`, same payload and
+        associated data, the newest three kept); still read and verified, never written.
 
 Failures never write: an existing database is first examined through a read-only connection
 (format, key check, head), and only when all is well is the writer connection opened. SQLite
@@ -77,6 +79,12 @@ from ._inspect import (
 )
 from ._records import CommittedRecord, NewRecord, Operation
 from ._schema import connect_writer, refuse_orphans
+from ._snapfiles import (
+    delete_snapshot_files,
+    read_snapshot_file,
+    snapshot_files,
+    write_snapshot_file,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -408,24 +416,37 @@ class Journal:
         return SealedSnapshot(seq, nonce, ciphertext)
 
     def write_snapshot(self, sealed: SealedSnapshot) -> None:
-        """Write a sealed snapshot durably and drop all but the newest few."""
+        """Write a sealed snapshot durably and drop all but the newest few.
+
+        It is a file of its own (:mod:`._snapfiles`), not a database row: it may be written
+        from any thread while another commits, and no commit waits for it.
+        """
         self._writer()
         if sealed.seq > self._tip.seq:
             raise JournalError(f"cannot snapshot seq {sealed.seq}: the journal ends earlier")
-        with sqlite_errors(self.path, "write a snapshot"), self._db.atomic():
-            self._conn.execute(
-                "INSERT INTO snapshots (seq, nonce, ciphertext) VALUES (?, ?, ?)",
-                (sealed.seq, sealed.nonce, sealed.ciphertext),
-            )
-            self._conn.execute(
-                "DELETE FROM snapshots WHERE snapshot_id NOT IN"
-                " (SELECT snapshot_id FROM snapshots ORDER BY snapshot_id DESC LIMIT ?)",
-                (KEEP_SNAPSHOTS,),
-            )
+        write_snapshot_file(self.home, sealed.seq, sealed.nonce, sealed.ciphertext, KEEP_SNAPSHOTS)
 
     def save_snapshot(self, seq: int, version: int, state: Mapping[str, Any]) -> None:
         """Store the projection ``state`` (of projection ``version``) as of event ``seq``."""
         self.write_snapshot(self.seal_snapshot(seq, version, state))
+
+    def stored_snapshots(self) -> Iterator[tuple[int, bytes, bytes]]:
+        """``(seq, nonce, ciphertext)`` of every stored snapshot, newest first: the files and
+        the rows an older journal wrote (a file first where both have a seq). A file is read
+        only when the iteration reaches it."""
+        with sqlite_errors(self.path, "read snapshots"):
+            rows = self._conn.execute(
+                "SELECT seq, nonce, ciphertext FROM snapshots ORDER BY seq DESC, snapshot_id DESC"
+            ).fetchall()
+        stored: list[tuple[int, int, Path | None, bytes, bytes]] = [
+            (seq, 1, path, b"", b"") for seq, path in snapshot_files(self.home)
+        ]
+        stored += [(seq, 0, None, nonce, ciphertext) for seq, nonce, ciphertext in rows]
+        stored.sort(key=lambda entry: entry[:2], reverse=True)  # stable: rows keep their order
+        for seq, _file, path, nonce, ciphertext in stored:
+            if path is not None:
+                nonce, ciphertext = read_snapshot_file(seq, path)
+            yield seq, nonce, ciphertext
 
     def latest_snapshot(self, version: int) -> tuple[int, Mapping[str, Any]] | None:
         """``(seq, state)`` of the newest snapshot of projection ``version``, or ``None``.
@@ -433,11 +454,7 @@ class Journal:
         Snapshots of other versions are skipped; one that does not decrypt, or whose content
         does not match its row or checksum, raises :class:`JournalCorrupt`.
         """
-        with sqlite_errors(self.path, "read snapshots"):
-            rows = self._conn.execute(
-                "SELECT seq, nonce, ciphertext FROM snapshots ORDER BY seq DESC, snapshot_id DESC"
-            ).fetchall()
-        for seq, nonce, ciphertext in rows:
+        for seq, nonce, ciphertext in self.stored_snapshots():
             snap = open_snapshot(self._sealer, seq, nonce, ciphertext)
             if snap.version != version:
                 continue
@@ -447,11 +464,11 @@ class Journal:
         return None
 
     def delete_snapshots(self) -> int:
-        """Delete every snapshot; returns how many there were."""
+        """Delete every snapshot (files and older rows); returns how many there were."""
         self._writer()
         with sqlite_errors(self.path, "delete snapshots"), self._db.atomic():
             cursor = self._conn.execute("DELETE FROM snapshots")
-        return cursor.rowcount
+        return cursor.rowcount + delete_snapshot_files(self.home)
 
     # ---- maintenance -----------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from ._inspect import (
     open_snapshot,
     translate_sqlite_error,
 )
+from ._snapfiles import read_snapshot_file, snapshot_files
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -191,7 +192,7 @@ def _verify(
     if problems != ["ok"]:
         found.add(f"SQLite's integrity check reports {len(problems)} problem(s) in {path.name}")
 
-    snapshots = _check_snapshots(conn, sealer, found)
+    snapshots = _check_snapshots(conn, sealer, home, found)
     events, last_seq, checksum, compared = _check_events(conn, sealer, found, projector, snapshots)
     for snap in snapshots:
         if snap.seq > last_seq:
@@ -205,17 +206,30 @@ def _verify(
 
 
 def _check_snapshots(
-    conn: sqlite3.Connection, sealer: Sealer, found: _Findings
+    conn: sqlite3.Connection, sealer: Sealer, home: Path, found: _Findings
 ) -> list[SnapshotPayload]:
+    """Every snapshot, the files and the rows of older journals, in seq order."""
     good: list[SnapshotPayload] = []
     rows = conn.execute(
         "SELECT seq, nonce, ciphertext FROM snapshots ORDER BY seq, snapshot_id"
     ).fetchall()
-    for seq, nonce, ciphertext in rows:
+    try:
+        files = snapshot_files(home)
+    except JournalError as exc:
+        found.add(exc.message)
+        files = []
+    stored: list[tuple[int, Path | None, bytes, bytes]] = [(s, p, b"", b"") for s, p in files]
+    stored += [(seq, None, nonce, ciphertext) for seq, nonce, ciphertext in rows]
+    stored.sort(key=lambda entry: entry[0])
+    for seq, path, nonce, ciphertext in stored:
         try:
+            if path is not None:
+                nonce, ciphertext = read_snapshot_file(seq, path)
             good.append(open_snapshot(sealer, seq, nonce, ciphertext))
         except JournalCorrupt as exc:
             found.decrypt_ok = False
+            found.add(exc.message)
+        except JournalError as exc:
             found.add(exc.message)
     return good
 

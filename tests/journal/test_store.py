@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
+import stat
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from braid_actors.journal._crypto import (
     frame,
 )
 from braid_actors.journal._encoding import canonical_bytes
+from braid_actors.journal._snapfiles import SNAPSHOT_DIR, snapshot_files
 from braid_actors.journal._store import KEEP_SNAPSHOTS
 from braid_actors.model._codec import canonical_json
 
@@ -176,35 +177,68 @@ def test_delete_snapshots(journal: Journal) -> None:
 
 
 def test_only_the_newest_snapshots_are_kept(journal: Journal, home: Path) -> None:
-    """Saving more snapshots keeps the newest few."""
+    """Saving more snapshots keeps the newest few, as files of mode 0600."""
     journal.append([([rec(i) for i in range(6)], None)])
     for seq in range(1, 7):
         journal.save_snapshot(seq, 1, {"at": seq})
-    conn = raw(home)
-    try:
-        seqs = [row[0] for row in conn.execute("SELECT seq FROM snapshots ORDER BY seq")]
-    finally:
-        conn.close()
-    assert seqs == list(range(7 - KEEP_SNAPSHOTS, 7))
+    files = snapshot_files(home)
+    assert [seq for seq, _path in files] == list(range(7 - KEEP_SNAPSHOTS, 7))
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for _seq, path in files)
+    assert stat.S_IMODE((home / SNAPSHOT_DIR).stat().st_mode) == 0o700
     assert journal.latest_snapshot(1) == (6, {"at": 6})
 
 
-def test_dropping_an_old_snapshot_does_not_rewrite_its_pages(journal: Journal, home: Path) -> None:
-    """A snapshot write costs about its own size in the WAL: the snapshot it drops is
-    not zeroed page by page (its pages hold ciphertext), which doubled the write."""
+def test_a_snapshot_is_not_written_to_the_database(journal: Journal, home: Path) -> None:
+    """A snapshot is a file of its own: the database (its WAL) gets no page of it, so no
+    commit waits behind its write."""
     journal.append([([rec(0)], None)])
-    big = {"blob": os.urandom(400_000).hex()}  # ~800 KB of JSON, ~200 pages
-    for _ in range(KEEP_SNAPSHOTS):
-        journal.save_snapshot(1, 1, big)
     conn = raw(home)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()  # the WAL starts empty
-        journal.save_snapshot(1, 1, big)  # drops the oldest
+        journal.save_snapshot(1, 1, {"blob": os.urandom(400_000).hex()})
         _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        rows = conn.execute("SELECT count(*) FROM snapshots").fetchone()[0]
     finally:
         conn.close()
-    pages = len(json.dumps(big)) // 4096
-    assert pages <= frames < 1.3 * pages
+    assert (frames, rows) == (0, 0)
+    assert [seq for seq, _path in snapshot_files(home)] == [1]
+
+
+def test_a_crash_mid_write_leaves_the_earlier_snapshots(journal: Journal, home: Path) -> None:
+    """A temporary file left by a crash is not a snapshot, and the next write removes it."""
+    journal.append([([rec(1), rec(2)], None)])
+    journal.save_snapshot(1, 1, {"at": 1})
+    leftover = home / SNAPSHOT_DIR / f".{2:020d}-{2:010d}.snap.tmp"
+    leftover.write_bytes(b"half a snapshot")
+    assert journal.latest_snapshot(1) == (1, {"at": 1})
+    journal.save_snapshot(2, 1, {"at": 2})
+    assert not leftover.exists()
+    assert journal.latest_snapshot(1) == (2, {"at": 2})
+
+
+def test_snapshot_rows_of_an_older_journal_are_still_read(journal: Journal, home: Path) -> None:
+    """Journals written before snapshots moved to files kept them as rows: the newest of
+    rows and files is the one loaded, and deleting snapshots deletes both."""
+    journal.append([([rec(1), rec(2), rec(3)], None)])
+    journal.save_snapshot(2, 1, {"at": 2})
+    ((_seq, path),) = snapshot_files(home)
+    nonce_and_ct = path.read_bytes()
+    path.unlink()
+    conn = raw(home)
+    try:  # what an older journal wrote: the same sealed snapshot, as a row
+        conn.execute(
+            "INSERT INTO snapshots (seq, nonce, ciphertext) VALUES (2, ?, ?)",
+            (nonce_and_ct[:12], nonce_and_ct[12:]),
+        )
+    finally:
+        conn.close()
+    assert journal.latest_snapshot(1) == (2, {"at": 2})
+    journal.save_snapshot(1, 1, {"at": 1})  # an older seq, as a file
+    assert journal.latest_snapshot(1) == (2, {"at": 2})
+    journal.save_snapshot(3, 1, {"at": 3})
+    assert journal.latest_snapshot(1) == (3, {"at": 3})
+    assert journal.delete_snapshots() == 3
+    assert journal.latest_snapshot(1) is None
 
 
 def test_snapshot_ahead_of_the_journal_is_refused(journal: Journal) -> None:
@@ -218,12 +252,19 @@ def test_undecryptable_snapshot_is_corruption(journal: Journal, home: Path) -> N
     """A snapshot whose ciphertext was moved to another seq raises JournalCorrupt on load."""
     journal.append([([rec(1), rec(2)], None)])
     journal.save_snapshot(1, 1, {"a": 1})
-    conn = raw(home)
-    try:
-        conn.execute("UPDATE snapshots SET seq = 2")
-    finally:
-        conn.close()
+    ((_seq, path),) = snapshot_files(home)
+    path.rename(path.with_name(path.name.replace(f"{1:020d}", f"{2:020d}")))
     with pytest.raises(JournalCorrupt, match="seq 2"):
+        journal.latest_snapshot(1)
+
+
+def test_a_truncated_snapshot_file_is_corruption(journal: Journal, home: Path) -> None:
+    """A snapshot file too short to hold a nonce and a tag raises JournalCorrupt on load."""
+    journal.append([([rec(1)], None)])
+    journal.save_snapshot(1, 1, {"a": 1})
+    ((_seq, path),) = snapshot_files(home)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(JournalCorrupt, match="truncated"):
         journal.latest_snapshot(1)
 
 

@@ -138,6 +138,23 @@ def test_snapshot_that_disagrees_with_the_replay(home: Path, key: bytes) -> None
     )
 
 
+def test_a_moved_or_truncated_snapshot_file_is_reported(written: Path, key: bytes) -> None:
+    """A snapshot file renamed to another seq does not decrypt with its binding, and one cut
+    short is truncated: both are faults, and verify still writes nothing."""
+    folder = written / "snapshots"
+    (name,) = os.listdir(folder)
+    (folder / name).rename(folder / name.replace(f"{3:020d}", f"{4:020d}"))
+    before = file_hashes(written) | file_hashes(folder)
+    report = verify_journal(written, key, CountProjector())
+    assert not report.decrypt_ok
+    assert any("the snapshot at seq 4 does not decrypt" in f for f in report.faults)
+    assert_untouched(before, file_hashes(written) | file_hashes(folder))
+    (moved,) = os.listdir(folder)
+    (folder / moved).write_bytes(b"x" * 20)
+    report = verify_journal(written, key)
+    assert any("the snapshot at seq 4 is truncated" in f for f in report.faults)
+
+
 def test_tampered_operation_result_is_reported(written: Path, key: bytes) -> None:
     """An operation row whose binding changed does not decrypt."""
     edit(written, "UPDATE operations SET params_digest = 'sha256:forged'")
