@@ -29,6 +29,7 @@ import contextlib
 import errno
 import os
 import select
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -44,6 +45,12 @@ READ_SIZE: Final = 1 << 16
 """Bytes read from a ready pipe per wake-up (a worker's lines are far shorter)."""
 MAX_EVENTS: Final = 1024
 """Ready pipes taken from the epoll instance per call."""
+SLICE: Final = 0.005
+"""Seconds of reading the hub does before it lets the event loop's other tasks run.
+
+After a stall, every pipe holds many lines, and one pass over hundreds of ready pipes (each
+line decoded and queued by a fast path) held the loop for 50 ms to over a second, which
+starved the journal whose acknowledgements those lines wait for."""
 
 
 def pipe_hub_supported() -> bool:
@@ -192,6 +199,8 @@ class PipeHub:
     running: bool = False
     fast_lines: int = 0
     """Lines its readers' fast paths took so far."""
+    pauses: int = 0
+    """Times a pass over the ready pipes stopped to let other tasks run (see SLICE)."""
 
     @property
     def watching(self) -> int:
@@ -226,10 +235,16 @@ class PipeHub:
             try:
                 while True:
                     await trio.lowlevel.wait_readable(ep.fileno())
-                    for fd, _ in ep.poll(0, MAX_EVENTS):
+                    until = time.perf_counter() + SLICE
+                    for index, (fd, _) in enumerate(ep.poll(0, MAX_EVENTS), 1):
+                        # looked up again after a pause: the pipe may have closed meanwhile
                         reader = self._readers.get(fd)
                         if reader is not None:
                             reader._readable()
+                        if not index % 8 and time.perf_counter() > until:
+                            self.pauses += 1
+                            await trio.lowlevel.checkpoint()
+                            until = time.perf_counter() + SLICE
             finally:
                 self.running = False
                 for reader in list(self._readers.values()):

@@ -6,9 +6,11 @@ Real pipes (``os.pipe``) and real worker processes; a hub reader is checked agai
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -196,6 +198,48 @@ async def test_the_fast_path_takes_lines_only_while_the_owner_waits_with_none_qu
             assert taken == [b"f1", b"f5"]
             nursery.cancel_scope.cancel()
         assert reader.lines_read == 5
+
+
+async def test_a_long_pass_over_ready_pipes_lets_other_tasks_run() -> None:
+    """With many pipes ready and slow fast paths, the hub pauses within a pass (every
+    ``SLICE`` of reading), so another task runs before the pass ends; every line is taken
+    once, in each pipe's order."""
+    events: list[str] = []
+    pipes = 48
+
+    def slow_fast(line: bytes) -> bool:
+        until_ = time.perf_counter() + 0.001  # 1 ms of work a line: ~50 ms a pass
+        while time.perf_counter() < until_:
+            pass
+        events.append(line.decode())
+        return True
+
+    async with running_hub() as hub, contextlib.AsyncExitStack() as stack:
+        opened = [await stack.enter_async_context(hub_pipe(hub)) for _ in range(pipes)]
+        async with trio.open_nursery() as nursery:
+            for reader, _write_end in opened:
+                reader.fast = slow_fast
+                nursery.start_soon(reader.receive_line)  # the owner waits: the hub takes
+            await until(lambda: all(r._waiter is not None for r, _ in opened))
+            pauses = hub.pauses
+            for index, (_reader, write_end) in enumerate(opened):  # all ready at once
+                os.write(write_end, f"p{index}.a\np{index}.b\n".encode())
+
+            async def ticker() -> None:
+                while True:
+                    events.append("tick")
+                    await trio.sleep(0)
+
+            nursery.start_soon(ticker)
+            await until(lambda: sum(e != "tick" for e in events) == 2 * pipes)
+            nursery.cancel_scope.cancel()
+    lines = [e for e in events if e != "tick"]
+    assert sorted(lines) == sorted(f"p{i}.{x}" for i in range(pipes) for x in "ab")
+    for i in range(pipes):
+        assert lines.index(f"p{i}.a") < lines.index(f"p{i}.b")
+    first, last = events.index(lines[0]), events.index(lines[-1])
+    assert "tick" in events[first:last]  # another task ran in the middle of the pass
+    assert hub.pauses > pauses
 
 
 async def test_one_task_at_a_time_reads_a_pipe() -> None:
