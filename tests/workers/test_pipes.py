@@ -228,7 +228,7 @@ async def test_a_long_pass_over_ready_pipes_lets_other_tasks_run() -> None:
             async def ticker() -> None:
                 while True:
                     events.append("tick")
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
 
             nursery.start_soon(ticker)
             await until(lambda: sum(e != "tick" for e in events) == 2 * pipes)
