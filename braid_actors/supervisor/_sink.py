@@ -53,9 +53,10 @@ if TYPE_CHECKING:
     from braid_actors.supervisor._runs import RunsSupervisor
 
 CLOSED_ANSWER = InteractionAnswer(allow=False, message="the run is stopping")
-PART_PIPELINE = 8
+PART_PIPELINE = 4
 """Part updates of one run that may be queued before the sink waits for the oldest one's
-commit (8 covers 0.8 s of acknowledgement latency at 10 updates/s)."""
+commit (4 covers 0.4 s of acknowledgement latency at 10 updates/s; under overload every
+run may hold that many in the journal's queue, so more only adds latency)."""
 
 
 async def recorded_seq(request: Request) -> int:
