@@ -182,6 +182,14 @@ def _sweep(info: ProcessInfo) -> None:
     if info.pid != info.pgid:
         return
     try:
+        os.kill(info.pid, 0)  # a free pid answers here, without psutil reading /proc
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(info.pgid, signal.SIGKILL)  # the pid is free: the group is the worker's
+        return
+    except PermissionError:
+        pass  # someone else's process: psutil tells whether it is the worker
+    try:
         start = float(psutil.Process(info.pid).create_time())
     except psutil.NoSuchProcess:
         pass  # the pid is free: a group of that number can only be the worker's

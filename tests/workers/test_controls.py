@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
 import trio
 
 from braid_actors.errors import WorkerStopTimeout
@@ -27,6 +28,7 @@ from braid_actors.workers import (
     resume,
     stop,
 )
+from braid_actors.workers._identity import presence
 from tests.workers._procs import assert_gone, key_of, python, read_line, shell_command
 
 if TYPE_CHECKING:
@@ -256,3 +258,34 @@ def test_control_result_is_a_worker_control_record() -> None:
 
 def _epoch() -> datetime:
     return datetime(2026, 1, 1, tzinfo=UTC)
+
+
+LEAVES_A_GROUP_MEMBER = (
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(child.pid, flush=True)\n"
+)
+"""Starts a sleeper in its own process group and exits: the group outlives its leader."""
+
+
+async def test_stop_of_an_exited_leader_kills_what_is_left_of_its_group() -> None:
+    """The leader exited and its pid is free (signal 0 says so, psutil is not asked): the
+    group of that number can only be the worker's, and its last member is killed."""
+    keys: list[ProcessKey] = []
+    try:
+        async with python(LEAVES_A_GROUP_MEMBER) as leader:
+            info = leader.info
+            keys.append(key_of(int(await read_line(leader))))
+            with trio.fail_after(5):
+                await leader.wait()  # reaped: its pid is free
+            (member,) = keys
+            assert os.getpgid(member.pid) == info.pgid == info.pid
+            with pytest.raises(ProcessLookupError):
+                os.kill(info.pid, 0)
+            result = await stop(info, QUICK)  # as a supervisor that did not spawn it
+            assert result.result == "gone"
+            with trio.fail_after(5):
+                while presence(member) == "running":  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+    finally:
+        await assert_gone(keys)
