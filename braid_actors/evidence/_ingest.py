@@ -192,7 +192,7 @@ class Ingest(Rows):
                 (run_id, pk),
             ):
                 existing[found["source_key"]] = (found["revision"], found["object_hash"])
-        superseded: list[tuple[str, str]] = []
+        superseded: list[tuple[str, int, int, int]] = []
         inserts: list[tuple[Any, ...]] = []
         inserted: list[EntryRow] = []
         held: list[str] = []
@@ -206,7 +206,7 @@ class Ingest(Rows):
             revision = 0
             if known is not None:
                 revision = known[0] + 1
-                superseded.append((run_id, row.source_key))
+                superseded.append((run_id, pks[row.session], row.sequence, row.ordinal))
             body = dict(row.body, created_at=self.now)
             inserts.append(
                 (
@@ -230,9 +230,12 @@ class Ingest(Rows):
             tally[(row.session, row.scope, "stored")] += 1
             inserted.append(row)
         # Each source key appears once per pass, so marking the earlier revisions first and
-        # inserting afterwards is the same as doing both row by row.
+        # inserting afterwards is the same as doing both row by row. (A source key is its
+        # source's pk, sequence and ordinal: the ``entries_key`` index.)
         self.conn.executemany(
-            "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?", superseded
+            "UPDATE entries SET latest=0 WHERE run_id=? AND source_pk=? AND sequence=? "
+            "AND ordinal=?",
+            superseded,
         )
         self.conn.executemany(
             "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
