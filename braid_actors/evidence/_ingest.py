@@ -90,8 +90,8 @@ class Ingest(Rows):
                 chosen = run_policy(self.conn, run_id, wanted)
                 return unsupported(self, run_id, path_key, path.stem, detected, chosen, split, data)
 
-        def prepared_with(chosen: CapturePolicy, files: FileRows) -> Prepared:
-            return prepare(
+        def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Tallies]:
+            done = prepare(
                 data,
                 split,
                 detected,
@@ -103,15 +103,16 @@ class Ingest(Rows):
                 resume_offset=resume_offset,
                 files=files,
             )
+            return done, tallies(done)
 
         files = file_rows(self.conn, run_id, path_key)
-        prepared = prepared_with(policy, files)
+        prepared, counted = prepared_with(policy, files)
         with turn(), transaction(self.conn):
             chosen = run_policy(self.conn, run_id, wanted)
             files_now = file_rows(self.conn, run_id, path_key)
             if chosen != policy or files_now != files:
-                prepared = prepared_with(chosen, files_now)
-            return self.store(run_id, prepared)
+                prepared, counted = prepared_with(chosen, files_now)
+            return self.store(run_id, prepared, counted)
 
     def path_key(self, path: Path, harness: str | None) -> str:
         """The file's redacted absolute path (checking ``harness`` first)."""
@@ -121,9 +122,9 @@ class Ingest(Rows):
             )
         return self.redactor.clean(str(path.resolve()))
 
-    def store(self, run_id: str, prepared: Prepared) -> IngestReport:
+    def store(self, run_id: str, prepared: Prepared, counted: Tallies) -> IngestReport:
         """Write a prepared file (inside the caller's transaction) and report its coverage
-        per source."""
+        per source (``counted``: :func:`tallies` of ``prepared``, computed before the turn)."""
         p = prepared
         sources, rows, outcome = p.sources, p.rows, p.outcome
         ensure_run(self.conn, run_id, p.policy, self.now)
@@ -140,7 +141,7 @@ class Ingest(Rows):
             )
             rebuild_run_links(self.conn, run_id, changes)
         self._put_file(run_id, p)
-        reports = [self._report(run_id, key, p, written) for key in outcome.sessions]
+        reports = [self._report(run_id, key, p, written, *counted[key]) for key in outcome.sessions]
         return IngestReport(run_id, p.path_key, p.harness, tuple(reports))
 
     # ---- run links -------------------------------------------------------------------
@@ -316,62 +317,16 @@ class Ingest(Rows):
     # ---- reports ---------------------------------------------------------------------
 
     def _report(
-        self, run_id: str, key: str, prepared: Prepared, written: Counter[tuple[str, str, str]]
+        self,
+        run_id: str,
+        key: str,
+        prepared: Prepared,
+        written: Counter[tuple[str, str, str]],
+        current: Tally,
+        prior: Tally | None,
     ) -> SourceReport:
-        source, outcome, split, starts = (
-            prepared.sources[key],
-            prepared.outcome,
-            prepared.split,
-            prepared.starts,
-        )
-        boundary = prepared.boundary
-        current = Tally()
-        prior = Tally() if boundary > 0 else None
+        source, outcome = prepared.sources[key], prepared.outcome
         ranges = {CURRENT: current, PRIOR: prior}
-
-        def tally_of(start: int) -> Tally:
-            chosen = prior if prior is not None and start < boundary else current
-            return chosen
-
-        for line in split.lines:
-            tally_of(line.start).add("discovered")
-        for info in outcome.lines:
-            tally = tally_of(starts[info.number])
-            if info.session != key:
-                continue
-            tally.add("matched")
-            tally.add("read")
-            tally.line(info.number, info.timestamp)
-            if info.status == "failed":
-                tally.add("failed")
-            else:
-                tally.add("parsed")
-                if info.status == "unrecognized":
-                    tally.add("unrecognized")
-        if split.deferred is not None:
-            current.add("discovered")
-            owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
-            if owner == key:
-                current.add("matched")
-                current.add("deferred")
-                current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
-        for draft in outcome.drafts:
-            if draft.session == key:
-                tally_of(starts[draft.line]).present.update(draft.fields)
-        for issue in outcome.issues:
-            if issue.session != key:
-                continue
-            start = starts.get(issue.line, boundary) if issue.line is not None else boundary
-            body: dict[str, Any] = {"code": issue.code}
-            if issue.line is not None:
-                body["line"] = issue.line
-            if issue.field:
-                body["field"] = issue.field
-            tally = tally_of(start)
-            if prior is not None:
-                body["scope"] = PRIOR if tally is prior else CURRENT
-            tally.issues.append(body)
-        current.issues.extend(prepared.issues)
         omissions: Counter[str] = Counter()
         for scope, tally_or_none in ranges.items():
             if tally_or_none is None:
@@ -395,6 +350,70 @@ class Ingest(Rows):
         for name, value in outcome.usage.get(key, Counter()).items():
             summary[f"usage_{name}"] = value
         return SourceReport(report, dict(sorted(summary.items())))
+
+
+def _tally(prepared: Prepared, key: str) -> tuple[Tally, Tally | None]:
+    """The line counts, span, present fields and issues of one source's ranges (current
+    execution, prior context): everything of its coverage but what the write decides."""
+    outcome, split, starts = prepared.outcome, prepared.split, prepared.starts
+    boundary = prepared.boundary
+    current = Tally()
+    prior = Tally() if boundary > 0 else None
+
+    def tally_of(start: int) -> Tally:
+        chosen = prior if prior is not None and start < boundary else current
+        return chosen
+
+    for line in split.lines:
+        tally_of(line.start).add("discovered")
+    for info in outcome.lines:
+        tally = tally_of(starts[info.number])
+        if info.session != key:
+            continue
+        tally.add("matched")
+        tally.add("read")
+        tally.line(info.number, info.timestamp)
+        if info.status == "failed":
+            tally.add("failed")
+        else:
+            tally.add("parsed")
+            if info.status == "unrecognized":
+                tally.add("unrecognized")
+    if split.deferred is not None:
+        current.add("discovered")
+        owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
+        if owner == key:
+            current.add("matched")
+            current.add("deferred")
+            current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
+    for draft in outcome.drafts:
+        if draft.session == key:
+            tally_of(starts[draft.line]).present.update(draft.fields)
+    for issue in outcome.issues:
+        if issue.session != key:
+            continue
+        start = starts.get(issue.line, boundary) if issue.line is not None else boundary
+        body: dict[str, Any] = {"code": issue.code}
+        if issue.line is not None:
+            body["line"] = issue.line
+        if issue.field:
+            body["field"] = issue.field
+        tally = tally_of(start)
+        if prior is not None:
+            body["scope"] = PRIOR if tally is prior else CURRENT
+        tally.issues.append(body)
+    current.issues.extend(prepared.issues)
+    return current, prior
+
+
+Tallies = dict[str, tuple[Tally, Tally | None]]
+"""Each source's :func:`_tally` (by session key)."""
+
+
+def tallies(prepared: Prepared) -> Tallies:
+    """:func:`_tally` of every source of a prepared file: pure, so computed before the
+    file's write turn."""
+    return {key: _tally(prepared, key) for key in prepared.outcome.sessions}
 
 
 def _may_link(
