@@ -90,7 +90,7 @@ class Ingest(Rows):
                 chosen = run_policy(self.conn, run_id, wanted)
                 return unsupported(self, run_id, path_key, path.stem, detected, chosen, split, data)
 
-        def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Tallies]:
+        def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Ready]:
             done = prepare(
                 data,
                 split,
@@ -103,7 +103,7 @@ class Ingest(Rows):
                 resume_offset=resume_offset,
                 files=files,
             )
-            return done, tallies(done)
+            return done, self.ready(done)
 
         files = file_rows(self.conn, run_id, path_key)
         prepared, counted = prepared_with(policy, files)
@@ -122,16 +122,23 @@ class Ingest(Rows):
             )
         return self.redactor.clean(str(path.resolve()))
 
-    def store(self, run_id: str, prepared: Prepared, counted: Tallies) -> IngestReport:
+    def ready(self, prepared: Prepared) -> Ready:
+        """What of the write can be computed before the file's write turn (pure): each
+        source's coverage tallies and the stored text of each row (with this pass's
+        ``created_at``), whether or not the row turns out to be new."""
+        texts = [entry_text(dict(row.body, created_at=self.now)) for row in prepared.rows]
+        return Ready(tallies(prepared), texts)
+
+    def store(self, run_id: str, prepared: Prepared, counted: Ready) -> IngestReport:
         """Write a prepared file (inside the caller's transaction) and report its coverage
-        per source (``counted``: :func:`tallies` of ``prepared``, computed before the turn)."""
+        per source (``counted``: :meth:`ready` of ``prepared``, computed before the turn)."""
         p = prepared
         sources, rows, outcome = p.sources, p.rows, p.outcome
         ensure_run(self.conn, run_id, p.policy, self.now)
         was_linked = self._in_run_links(run_id, sources)
         agents_before = self._agents(sources)
         pks = {key: self.put_source(run_id, p.path_key, src) for key, src in sources.items()}
-        written, inserted, revised, known = self._put_entries(run_id, rows, pks)
+        written, inserted, revised, known = self._put_entries(run_id, rows, counted.texts, pks)
         self._put_objects(p)
         calls = self._put_actions(run_id, outcome, rows, sources)
         put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
@@ -141,7 +148,9 @@ class Ingest(Rows):
             )
             rebuild_run_links(self.conn, run_id, changes)
         self._put_file(run_id, p)
-        reports = [self._report(run_id, key, p, written, *counted[key]) for key in outcome.sessions]
+        reports = [
+            self._report(run_id, key, p, written, *counted.tallies[key]) for key in outcome.sessions
+        ]
         return IngestReport(run_id, p.path_key, p.harness, tuple(reports))
 
     # ---- run links -------------------------------------------------------------------
@@ -179,7 +188,7 @@ class Ingest(Rows):
     # ---- writes ----------------------------------------------------------------------
 
     def _put_entries(
-        self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
+        self, run_id: str, rows: list[EntryRow], texts: list[str], pks: dict[str, int]
     ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool, list[str]]:
         """Write new entries and revisions; count (session, scope, stored|duplicates) and
         return the rows written, whether any was a new revision, and the ids of the rows
@@ -197,7 +206,7 @@ class Ingest(Rows):
         inserts: list[tuple[Any, ...]] = []
         inserted: list[EntryRow] = []
         held: list[str] = []
-        for row in rows:
+        for row, text in zip(rows, texts, strict=True):
             known = existing.get(row.source_key)
             if known is not None:
                 held.append(row.id)
@@ -208,7 +217,6 @@ class Ingest(Rows):
             if known is not None:
                 revision = known[0] + 1
                 superseded.append((run_id, pks[row.session], row.sequence, row.ordinal))
-            body = dict(row.body, created_at=self.now)
             inserts.append(
                 (
                     row.id,
@@ -225,7 +233,7 @@ class Ingest(Rows):
                     row.raw_ref,
                     row.intent_ref,
                     row.object_hash,
-                    entry_text(body),
+                    text,
                 )
             )
             tally[(row.session, row.scope, "stored")] += 1
@@ -408,6 +416,15 @@ def _tally(prepared: Prepared, key: str) -> tuple[Tally, Tally | None]:
 
 Tallies = dict[str, tuple[Tally, Tally | None]]
 """Each source's :func:`_tally` (by session key)."""
+
+
+@attrs.frozen
+class Ready:
+    """The pure part of a prepared file's write (:meth:`Ingest.ready`)."""
+
+    tallies: Tallies
+    texts: list[str]
+    """The stored text of each of the prepared rows, in order."""
 
 
 def tallies(prepared: Prepared) -> Tallies:
