@@ -90,8 +90,8 @@ class Ingest(Rows):
                 chosen = run_policy(self.conn, run_id, wanted)
                 return unsupported(self, run_id, path_key, path.stem, detected, chosen, split, data)
 
-        def prepared_with(chosen: CapturePolicy, files: FileRows) -> Prepared:
-            return prepare(
+        def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Ready]:
+            done = prepare(
                 data,
                 split,
                 detected,
@@ -103,15 +103,16 @@ class Ingest(Rows):
                 resume_offset=resume_offset,
                 files=files,
             )
+            return done, self.ready(done)
 
         files = file_rows(self.conn, run_id, path_key)
-        prepared = prepared_with(policy, files)
+        prepared, counted = prepared_with(policy, files)
         with turn(), transaction(self.conn):
             chosen = run_policy(self.conn, run_id, wanted)
             files_now = file_rows(self.conn, run_id, path_key)
             if chosen != policy or files_now != files:
-                prepared = prepared_with(chosen, files_now)
-            return self.store(run_id, prepared)
+                prepared, counted = prepared_with(chosen, files_now)
+            return self.store(run_id, prepared, counted)
 
     def path_key(self, path: Path, harness: str | None) -> str:
         """The file's redacted absolute path (checking ``harness`` first)."""
@@ -121,16 +122,23 @@ class Ingest(Rows):
             )
         return self.redactor.clean(str(path.resolve()))
 
-    def store(self, run_id: str, prepared: Prepared) -> IngestReport:
+    def ready(self, prepared: Prepared) -> Ready:
+        """What of the write can be computed before the file's write turn (pure): each
+        source's coverage tallies and the stored text of each row (with this pass's
+        ``created_at``), whether or not the row turns out to be new."""
+        texts = [entry_text(dict(row.body, created_at=self.now)) for row in prepared.rows]
+        return Ready(tallies(prepared), texts)
+
+    def store(self, run_id: str, prepared: Prepared, counted: Ready) -> IngestReport:
         """Write a prepared file (inside the caller's transaction) and report its coverage
-        per source."""
+        per source (``counted``: :meth:`ready` of ``prepared``, computed before the turn)."""
         p = prepared
         sources, rows, outcome = p.sources, p.rows, p.outcome
         ensure_run(self.conn, run_id, p.policy, self.now)
         was_linked = self._in_run_links(run_id, sources)
         agents_before = self._agents(sources)
         pks = {key: self.put_source(run_id, p.path_key, src) for key, src in sources.items()}
-        written, inserted, revised, known = self._put_entries(run_id, rows, pks)
+        written, inserted, revised, known = self._put_entries(run_id, rows, counted.texts, pks)
         self._put_objects(p)
         calls = self._put_actions(run_id, outcome, rows, sources)
         put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
@@ -140,7 +148,9 @@ class Ingest(Rows):
             )
             rebuild_run_links(self.conn, run_id, changes)
         self._put_file(run_id, p)
-        reports = [self._report(run_id, key, p, written) for key in outcome.sessions]
+        reports = [
+            self._report(run_id, key, p, written, *counted.tallies[key]) for key in outcome.sessions
+        ]
         return IngestReport(run_id, p.path_key, p.harness, tuple(reports))
 
     # ---- run links -------------------------------------------------------------------
@@ -178,7 +188,7 @@ class Ingest(Rows):
     # ---- writes ----------------------------------------------------------------------
 
     def _put_entries(
-        self, run_id: str, rows: list[EntryRow], pks: dict[str, int]
+        self, run_id: str, rows: list[EntryRow], texts: list[str], pks: dict[str, int]
     ) -> tuple[Counter[tuple[str, str, str]], list[EntryRow], bool, list[str]]:
         """Write new entries and revisions; count (session, scope, stored|duplicates) and
         return the rows written, whether any was a new revision, and the ids of the rows
@@ -192,11 +202,11 @@ class Ingest(Rows):
                 (run_id, pk),
             ):
                 existing[found["source_key"]] = (found["revision"], found["object_hash"])
-        superseded: list[tuple[str, str]] = []
+        superseded: list[tuple[str, int, int, int]] = []
         inserts: list[tuple[Any, ...]] = []
         inserted: list[EntryRow] = []
         held: list[str] = []
-        for row in rows:
+        for row, text in zip(rows, texts, strict=True):
             known = existing.get(row.source_key)
             if known is not None:
                 held.append(row.id)
@@ -206,8 +216,7 @@ class Ingest(Rows):
             revision = 0
             if known is not None:
                 revision = known[0] + 1
-                superseded.append((run_id, row.source_key))
-            body = dict(row.body, created_at=self.now)
+                superseded.append((run_id, pks[row.session], row.sequence, row.ordinal))
             inserts.append(
                 (
                     row.id,
@@ -224,15 +233,18 @@ class Ingest(Rows):
                     row.raw_ref,
                     row.intent_ref,
                     row.object_hash,
-                    entry_text(body),
+                    text,
                 )
             )
             tally[(row.session, row.scope, "stored")] += 1
             inserted.append(row)
         # Each source key appears once per pass, so marking the earlier revisions first and
-        # inserting afterwards is the same as doing both row by row.
+        # inserting afterwards is the same as doing both row by row. (A source key is its
+        # source's pk, sequence and ordinal: the ``entries_key`` index.)
         self.conn.executemany(
-            "UPDATE entries SET latest=0 WHERE run_id=? AND source_key=?", superseded
+            "UPDATE entries SET latest=0 WHERE run_id=? AND source_pk=? AND sequence=? "
+            "AND ordinal=?",
+            superseded,
         )
         self.conn.executemany(
             "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
@@ -313,62 +325,16 @@ class Ingest(Rows):
     # ---- reports ---------------------------------------------------------------------
 
     def _report(
-        self, run_id: str, key: str, prepared: Prepared, written: Counter[tuple[str, str, str]]
+        self,
+        run_id: str,
+        key: str,
+        prepared: Prepared,
+        written: Counter[tuple[str, str, str]],
+        current: Tally,
+        prior: Tally | None,
     ) -> SourceReport:
-        source, outcome, split, starts = (
-            prepared.sources[key],
-            prepared.outcome,
-            prepared.split,
-            prepared.starts,
-        )
-        boundary = prepared.boundary
-        current = Tally()
-        prior = Tally() if boundary > 0 else None
+        source, outcome = prepared.sources[key], prepared.outcome
         ranges = {CURRENT: current, PRIOR: prior}
-
-        def tally_of(start: int) -> Tally:
-            chosen = prior if prior is not None and start < boundary else current
-            return chosen
-
-        for line in split.lines:
-            tally_of(line.start).add("discovered")
-        for info in outcome.lines:
-            tally = tally_of(starts[info.number])
-            if info.session != key:
-                continue
-            tally.add("matched")
-            tally.add("read")
-            tally.line(info.number, info.timestamp)
-            if info.status == "failed":
-                tally.add("failed")
-            else:
-                tally.add("parsed")
-                if info.status == "unrecognized":
-                    tally.add("unrecognized")
-        if split.deferred is not None:
-            current.add("discovered")
-            owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
-            if owner == key:
-                current.add("matched")
-                current.add("deferred")
-                current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
-        for draft in outcome.drafts:
-            if draft.session == key:
-                tally_of(starts[draft.line]).present.update(draft.fields)
-        for issue in outcome.issues:
-            if issue.session != key:
-                continue
-            start = starts.get(issue.line, boundary) if issue.line is not None else boundary
-            body: dict[str, Any] = {"code": issue.code}
-            if issue.line is not None:
-                body["line"] = issue.line
-            if issue.field:
-                body["field"] = issue.field
-            tally = tally_of(start)
-            if prior is not None:
-                body["scope"] = PRIOR if tally is prior else CURRENT
-            tally.issues.append(body)
-        current.issues.extend(prepared.issues)
         omissions: Counter[str] = Counter()
         for scope, tally_or_none in ranges.items():
             if tally_or_none is None:
@@ -392,6 +358,79 @@ class Ingest(Rows):
         for name, value in outcome.usage.get(key, Counter()).items():
             summary[f"usage_{name}"] = value
         return SourceReport(report, dict(sorted(summary.items())))
+
+
+def _tally(prepared: Prepared, key: str) -> tuple[Tally, Tally | None]:
+    """The line counts, span, present fields and issues of one source's ranges (current
+    execution, prior context): everything of its coverage but what the write decides."""
+    outcome, split, starts = prepared.outcome, prepared.split, prepared.starts
+    boundary = prepared.boundary
+    current = Tally()
+    prior = Tally() if boundary > 0 else None
+
+    def tally_of(start: int) -> Tally:
+        chosen = prior if prior is not None and start < boundary else current
+        return chosen
+
+    for line in split.lines:
+        tally_of(line.start).add("discovered")
+    for info in outcome.lines:
+        tally = tally_of(starts[info.number])
+        if info.session != key:
+            continue
+        tally.add("matched")
+        tally.add("read")
+        tally.line(info.number, info.timestamp)
+        if info.status == "failed":
+            tally.add("failed")
+        else:
+            tally.add("parsed")
+            if info.status == "unrecognized":
+                tally.add("unrecognized")
+    if split.deferred is not None:
+        current.add("discovered")
+        owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
+        if owner == key:
+            current.add("matched")
+            current.add("deferred")
+            current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
+    for draft in outcome.drafts:
+        if draft.session == key:
+            tally_of(starts[draft.line]).present.update(draft.fields)
+    for issue in outcome.issues:
+        if issue.session != key:
+            continue
+        start = starts.get(issue.line, boundary) if issue.line is not None else boundary
+        body: dict[str, Any] = {"code": issue.code}
+        if issue.line is not None:
+            body["line"] = issue.line
+        if issue.field:
+            body["field"] = issue.field
+        tally = tally_of(start)
+        if prior is not None:
+            body["scope"] = PRIOR if tally is prior else CURRENT
+        tally.issues.append(body)
+    current.issues.extend(prepared.issues)
+    return current, prior
+
+
+Tallies = dict[str, tuple[Tally, Tally | None]]
+"""Each source's :func:`_tally` (by session key)."""
+
+
+@attrs.frozen
+class Ready:
+    """The pure part of a prepared file's write (:meth:`Ingest.ready`)."""
+
+    tallies: Tallies
+    texts: list[str]
+    """The stored text of each of the prepared rows, in order."""
+
+
+def tallies(prepared: Prepared) -> Tallies:
+    """:func:`_tally` of every source of a prepared file: pure, so computed before the
+    file's write turn."""
+    return {key: _tally(prepared, key) for key in prepared.outcome.sessions}
 
 
 def _may_link(

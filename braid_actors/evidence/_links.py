@@ -162,7 +162,8 @@ def _source_entries(conn: sqlite3.Connection, source_ids: list[str]) -> list[tup
         _tuples(conn)
         .execute(
             "SELECT e.id, e.kind, s.id AS source_id FROM entries e JOIN sources s "
-            f"ON s.pk = e.source_pk WHERE s.id IN ({marks}) AND e.latest=1 "
+            f"ON s.pk = e.source_pk AND e.run_id = s.run_id WHERE s.id IN ({marks}) "
+            "AND e.latest=1 "
             "ORDER BY e.source_pk, e.sequence, e.ordinal",
             source_ids,
         )
@@ -485,7 +486,8 @@ def compaction_boundary(
     marks = ",".join("?" * len(source_ids))
     last = conn.execute(
         "SELECT MAX(json_extract(e.body, '$.recorded_at')) AS at, MIN(s.session_id) AS sid "
-        f"FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE s.id IN ({marks})",
+        "FROM entries e JOIN sources s ON s.pk = e.source_pk AND e.run_id = s.run_id "
+        f"WHERE s.id IN ({marks})",
         source_ids,
     ).fetchone()
     if last is None or last["sid"] is None:

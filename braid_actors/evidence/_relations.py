@@ -147,9 +147,9 @@ class _Finder:
 
     def _source_evidence(self, source: sqlite3.Row, basis: str) -> dict[str, Any] | None:
         row = self.conn.execute(
-            "SELECT id, object_hash, body FROM entries WHERE source_pk=? AND latest=1 "
-            "ORDER BY (kind = 'configuration') DESC, sequence, ordinal LIMIT 1",
-            (source["pk"],),
+            "SELECT id, object_hash, body FROM entries WHERE run_id=? AND source_pk=? "
+            "AND latest=1 ORDER BY (kind = 'configuration') DESC, sequence, ordinal LIMIT 1",
+            (source["run_id"], source["pk"]),
         ).fetchone()
         if row is not None:
             return _evidence(source["run_id"], source["id"], row, basis)

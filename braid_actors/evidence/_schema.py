@@ -15,7 +15,8 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
                                              every report; the latest per source is current
     entries(pk, id, run_id, source_pk, source_key, sequence, ordinal, revision, latest,
             kind, tool_call_id, scope, content_ref, raw_ref, intent_ref, object_hash, body)
-                                             body = Entry wire JSON without ``source``
+                                             body = Entry wire JSON without ``source``;
+                                             indexes: see ``_ENTRY_INDEXES`` (schema 2)
     objects(ref PRIMARY KEY, bytes, media_type, redacted)
     object_data(ref UNIQUE, data)            the bodies (see ``_objects``; older stores
                                              kept them as files under ``objects/``)
@@ -52,7 +53,36 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 DB_FILE: Final = "evidence.sqlite3"
-SCHEMA_VERSION: Final = "1"
+SCHEMA_VERSION: Final = "2"
+"""Schema 2 (entries indexes, see ``_ENTRY_INDEXES``); a schema 1 store is migrated when
+opened, any other version is refused (``store_unavailable``)."""
+
+_ENTRIES_TABLE: Final = """CREATE TABLE entries(
+    pk INTEGER PRIMARY KEY, id TEXT NOT NULL, run_id TEXT NOT NULL,
+    source_pk INTEGER NOT NULL, source_key TEXT NOT NULL, sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL, revision INTEGER NOT NULL, latest INTEGER NOT NULL,
+    kind TEXT NOT NULL, tool_call_id TEXT, scope TEXT, content_ref TEXT, raw_ref TEXT,
+    intent_ref TEXT, object_hash TEXT NOT NULL, body TEXT NOT NULL);
+"""
+_ENTRY_COLUMNS: Final = (
+    "pk",
+    "id",
+    "run_id",
+    "source_pk",
+    "source_key",
+    "sequence",
+    "ordinal",
+    "revision",
+    "latest",
+    "kind",
+    "tool_call_id",
+    "scope",
+    "content_ref",
+    "raw_ref",
+    "intent_ref",
+    "object_hash",
+    "body",
+)
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,19 +106,6 @@ CREATE TABLE IF NOT EXISTS coverage(
     source_id TEXT NOT NULL, status TEXT NOT NULL, observed_at TEXT NOT NULL,
     body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS coverage_source ON coverage(run_id, source_id, pk);
-CREATE TABLE IF NOT EXISTS entries(
-    pk INTEGER PRIMARY KEY, id TEXT NOT NULL, run_id TEXT NOT NULL,
-    source_pk INTEGER NOT NULL, source_key TEXT NOT NULL, sequence INTEGER NOT NULL,
-    ordinal INTEGER NOT NULL, revision INTEGER NOT NULL, latest INTEGER NOT NULL,
-    kind TEXT NOT NULL, tool_call_id TEXT, scope TEXT, content_ref TEXT, raw_ref TEXT,
-    intent_ref TEXT, object_hash TEXT NOT NULL, body TEXT NOT NULL,
-    UNIQUE(run_id, source_key, revision));
-CREATE INDEX IF NOT EXISTS entries_page
-    ON entries(run_id, source_pk, sequence, ordinal, revision);
-CREATE INDEX IF NOT EXISTS entries_id ON entries(run_id, id);
-CREATE INDEX IF NOT EXISTS entries_source ON entries(source_pk, latest, sequence, ordinal);
-CREATE INDEX IF NOT EXISTS entries_tool ON entries(run_id, tool_call_id);
-CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref);
 CREATE TABLE IF NOT EXISTS objects(
     ref TEXT PRIMARY KEY, bytes INTEGER NOT NULL, media_type TEXT NOT NULL,
     redacted INTEGER NOT NULL);
@@ -119,7 +136,24 @@ CREATE TABLE IF NOT EXISTS links(
     run_id TEXT NOT NULL, entry_id TEXT NOT NULL, node_id TEXT NOT NULL, kind TEXT NOT NULL,
     relation TEXT, evidence TEXT NOT NULL, PRIMARY KEY(run_id, entry_id, node_id, kind));
 CREATE INDEX IF NOT EXISTS links_kind ON links(run_id, kind);
+""" + _ENTRIES_TABLE.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS")
+
+_ENTRY_INDEXES: Final = """
+CREATE UNIQUE INDEX IF NOT EXISTS entries_key
+    ON entries(run_id, source_pk, sequence, ordinal, revision);
+CREATE INDEX IF NOT EXISTS entries_id ON entries(run_id, id);
+CREATE INDEX IF NOT EXISTS entries_tool ON entries(run_id, tool_call_id)
+    WHERE tool_call_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS entries_content ON entries(run_id, content_ref)
+    WHERE content_ref IS NOT NULL;
 """
+"""The entries table's indexes (schema 2). ``entries_key`` is the page order and the
+uniqueness of a revision (``source_key`` is ``<source id>:<sequence>:<ordinal>`` and a
+source's ``pk`` names its id, so it is the schema 1 ``UNIQUE(run_id, source_key, revision)``
+too); it also finds a source's entries (``run_id`` and ``source_pk``). ``entries_id``: an
+entry by id (links, artifacts, the ``entry`` filter); ``entries_tool``: the ``tool_call``
+filter; ``entries_content``: whether a run cites a body. The last two hold only the rows
+that have the value."""
 
 
 def connect(home: Path) -> sqlite3.Connection:
@@ -143,15 +177,41 @@ def connect(home: Path) -> sqlite3.Connection:
                 "INSERT INTO meta(name, value) VALUES ('schema_version', ?), ('cursor_key', ?)",
                 (SCHEMA_VERSION, secrets.token_hex(32)),
             )
+        elif row["value"] == "1":
+            _migrate_from_1(conn)
         elif row["value"] != SCHEMA_VERSION:
             conn.close()
             raise EvidenceStoreUnavailable(
                 "the evidence database has an unknown schema version",
                 details={"schema_version": row["value"]},
             )
+        conn.executescript(_ENTRY_INDEXES)
     except (sqlite3.Error, OSError):
         raise EvidenceStoreUnavailable("the evidence database cannot be opened") from None
     return conn
+
+
+def _migrate_from_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2 in one transaction: the entries table is rebuilt without its
+    ``UNIQUE(run_id, source_key, revision)`` (``entries_key`` is the same constraint) and
+    loses ``entries_page`` and ``entries_source``; rows, primary keys and bodies are copied
+    as they are. Another connection that migrated first leaves nothing to do."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+        if row["value"] == "1":
+            columns = ", ".join(_ENTRY_COLUMNS)
+            conn.execute("ALTER TABLE entries RENAME TO entries_v1")
+            conn.execute(_ENTRIES_TABLE)
+            conn.execute(
+                f"INSERT INTO entries({columns}) SELECT {columns} FROM entries_v1 ORDER BY pk"
+            )
+            conn.execute("DROP TABLE entries_v1")
+            conn.execute("UPDATE meta SET value=? WHERE name='schema_version'", (SCHEMA_VERSION,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def refresh_statistics(conn: sqlite3.Connection, analyzed_rows: int) -> int:

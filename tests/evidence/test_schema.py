@@ -1,0 +1,133 @@
+"""The evidence database's schema version: a schema 1 store is migrated, others refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from braid_actors.errors import EvidenceStoreUnavailable
+from braid_actors.evidence import EvidenceStore
+from braid_actors.evidence._schema import DB_FILE, SCHEMA_VERSION
+
+from ._helpers import FIXTURES
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+RUN = "run_schema"
+
+_V1_ENTRIES = """
+CREATE TABLE entries(
+    pk INTEGER PRIMARY KEY, id TEXT NOT NULL, run_id TEXT NOT NULL,
+    source_pk INTEGER NOT NULL, source_key TEXT NOT NULL, sequence INTEGER NOT NULL,
+    ordinal INTEGER NOT NULL, revision INTEGER NOT NULL, latest INTEGER NOT NULL,
+    kind TEXT NOT NULL, tool_call_id TEXT, scope TEXT, content_ref TEXT, raw_ref TEXT,
+    intent_ref TEXT, object_hash TEXT NOT NULL, body TEXT NOT NULL,
+    UNIQUE(run_id, source_key, revision));
+CREATE INDEX entries_page ON entries(run_id, source_pk, sequence, ordinal, revision);
+CREATE INDEX entries_id ON entries(run_id, id);
+CREATE INDEX entries_source ON entries(source_pk, latest, sequence, ordinal);
+CREATE INDEX entries_tool ON entries(run_id, tool_call_id);
+CREATE INDEX entries_content ON entries(run_id, content_ref);
+"""
+"""The entries table and indexes of schema 1, as its stores have them."""
+
+
+def _ingest_fixtures(home: Path) -> list[Path]:
+    paths = [
+        *sorted((FIXTURES / "claude-code").rglob("*.jsonl")),
+        *sorted((FIXTURES / "codex").rglob("*.jsonl")),
+    ]
+    with EvidenceStore.open(home) as store:
+        for path in paths:
+            store.ingest(path, run_id=RUN)
+    return paths
+
+
+def _pages(store: EvidenceStore) -> list[dict[str, Any]]:
+    """Every entries page of the run, following the cursors."""
+    out = [store.entries(RUN, limit=200)]
+    while out[-1].get("next_cursor"):
+        out.append(store.entries(RUN, cursor=out[-1]["next_cursor"], limit=200))
+    return out
+
+
+def _rows(home: Path) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(home / DB_FILE)) as conn:
+        return conn.execute("SELECT * FROM entries ORDER BY pk").fetchall()
+
+
+def _entry_indexes(home: Path) -> set[str]:
+    with closing(sqlite3.connect(home / DB_FILE)) as conn:
+        return {
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='entries'"
+            )
+        }
+
+
+def _make_v1(home: Path) -> None:
+    """Turn a store into what schema 1 wrote: the same rows in the old table."""
+    with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
+        conn.execute("BEGIN")
+        conn.execute("ALTER TABLE entries RENAME TO entries_v2")
+        for name in ("entries_key", "entries_id", "entries_tool", "entries_content"):
+            conn.execute(f"DROP INDEX {name}")
+        for statement in _V1_ENTRIES.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT INTO entries SELECT * FROM entries_v2 ORDER BY pk")
+        conn.execute("DROP TABLE entries_v2")
+        conn.execute("UPDATE meta SET value='1' WHERE name='schema_version'")
+        conn.execute("COMMIT")
+
+
+def test_a_schema_1_store_is_migrated_with_every_row_as_it_was(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    paths = _ingest_fixtures(home)
+    with EvidenceStore.open(home) as store:
+        pages = _pages(store)
+    rows = _rows(home)
+    new_indexes = _entry_indexes(home)
+    assert new_indexes == {"entries_key", "entries_id", "entries_tool", "entries_content"}
+    _make_v1(home)
+    assert "entries_source" in _entry_indexes(home)
+
+    with EvidenceStore.open(home) as store:
+        assert _pages(store) == pages
+        # Ingesting the same files again stores nothing: every row is a duplicate.
+        for path in paths:
+            for source in store.ingest(path, run_id=RUN).sources:
+                assert source.coverage["counts"]["stored"] == 0
+    assert _rows(home) == rows
+    assert _entry_indexes(home) == new_indexes
+    with closing(sqlite3.connect(home / DB_FILE)) as conn:
+        (version,) = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+        assert version == SCHEMA_VERSION == "2"
+        # The revision constraint holds as schema 1's did.
+        first = rows[0]
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO entries SELECT * FROM entries WHERE pk=?", (first[0],))
+        conn.execute(
+            "INSERT INTO entries(id, run_id, source_pk, source_key, sequence, ordinal, "
+            "revision, latest, kind, object_hash, body) SELECT id, run_id, source_pk, "
+            "source_key, sequence, ordinal, revision + 1, latest, kind, object_hash, body "
+            "FROM entries WHERE pk=?",
+            (first[0],),
+        )
+
+
+def test_an_unknown_schema_version_is_refused_with_a_stable_code(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with EvidenceStore.open(home):
+        pass
+    with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
+        conn.execute("UPDATE meta SET value='99' WHERE name='schema_version'")
+    with pytest.raises(EvidenceStoreUnavailable) as caught:
+        EvidenceStore.open(home)
+    assert caught.value.code == "store_unavailable"
+    assert caught.value.details == {"schema_version": "99"}
