@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from braid_actors.errors import JournalCorrupt, JournalError
 
 from ._crypto import NONCE_SIZE
+from ._head import fsync_dir
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,7 +92,7 @@ def write_snapshot_file(home: Path, seq: int, nonce: bytes, ciphertext: bytes, k
         finally:
             os.close(fd)
         os.replace(temporary, folder / name)
-        _sync_dir(folder)
+        fsync_dir(folder)
         for stale in os.listdir(folder):
             if stale.endswith(".tmp") and stale != temporary.name:
                 with contextlib.suppress(FileNotFoundError):
@@ -113,15 +114,7 @@ def delete_snapshot_files(home: Path) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         if files:
-            _sync_dir(home / SNAPSHOT_DIR)
+            fsync_dir(home / SNAPSHOT_DIR)
     except OSError as exc:
         raise JournalError(f"cannot delete the snapshots: {exc.strerror}") from None
     return len(files)
-
-
-def _sync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
