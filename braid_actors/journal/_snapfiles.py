@@ -20,9 +20,10 @@ and verified, never written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from braid_actors.errors import JournalCorrupt, JournalError
 
@@ -41,10 +42,11 @@ _TAG_SIZE = 16  # AES-GCM's tag: a ciphertext is never shorter
 def snapshot_files(home: Path) -> list[tuple[int, Path]]:
     """``(seq, path)`` of every snapshot file in ``home``, oldest first (by seq, then by
     the order they were written)."""
-    return [(seq, path) for seq, _n, path in _listed(home, key=lambda e: e[:2])]
+    return [(seq, path) for seq, _n, path in sorted(_listed(home))]
 
 
-def _listed(home: Path, key: Callable[[tuple[int, int, Path]], Any]) -> list[tuple[int, int, Path]]:
+def _listed(home: Path) -> list[tuple[int, int, Path]]:
+    """``(seq, n, path)`` of every snapshot file, in no order."""
     folder = home / SNAPSHOT_DIR
     try:
         names = os.listdir(folder)
@@ -52,12 +54,29 @@ def _listed(home: Path, key: Callable[[tuple[int, int, Path]], Any]) -> list[tup
         return []
     except OSError as exc:
         raise JournalError(f"cannot list the snapshots in {folder}: {exc.strerror}") from None
-    found = [
+    return [
         (int(m.group(1)), int(m.group(2)), folder / name)
         for name in names
         if (m := _NAME.fullmatch(name))
     ]
-    return sorted(found, key=key)
+
+
+def with_rows(
+    files: list[tuple[int, Path]], rows: list[tuple[int, bytes, bytes]]
+) -> list[tuple[int, Callable[[], tuple[bytes, bytes]]]]:
+    """Snapshot files and the rows of an older journal (``(seq, nonce, ciphertext)`` in
+    ``(seq, snapshot_id)`` order) as one list, oldest first, a row before a file at one seq:
+    ``(seq, load)``, where ``load()`` gives ``(nonce, ciphertext)`` (a file is read then)."""
+    merged: list[tuple[int, int, Callable[[], tuple[bytes, bytes]]]] = [
+        (seq, 1, functools.partial(read_snapshot_file, seq, path)) for seq, path in files
+    ]
+    merged += [(seq, 0, functools.partial(_sealed, nonce, ct)) for seq, nonce, ct in rows]
+    merged.sort(key=lambda entry: entry[:2])  # stable: rows keep their order
+    return [(seq, load) for seq, _file, load in merged]
+
+
+def _sealed(nonce: bytes, ciphertext: bytes) -> tuple[bytes, bytes]:
+    return nonce, ciphertext
 
 
 def read_snapshot_file(seq: int, path: Path) -> tuple[bytes, bytes]:
@@ -79,8 +98,9 @@ def write_snapshot_file(home: Path, seq: int, nonce: bytes, ciphertext: bytes, k
         folder.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise JournalError(f"cannot create {folder}: {exc.strerror}") from None
-    written = _listed(home, key=lambda e: e[1])  # in the order they were written
-    name = f"{seq:020d}-{(written[-1][1] + 1 if written else 1):010d}.snap"
+    written = sorted((n, path) for _seq, n, path in _listed(home))  # in the order written
+    n = written[-1][0] + 1 if written else 1
+    name = f"{seq:020d}-{n:010d}.snap"
     temporary = folder / f".{name}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -93,11 +113,11 @@ def write_snapshot_file(home: Path, seq: int, nonce: bytes, ciphertext: bytes, k
             os.close(fd)
         os.replace(temporary, folder / name)
         fsync_dir(folder)
-        for stale in os.listdir(folder):
-            if stale.endswith(".tmp") and stale != temporary.name:
+        for stale in os.listdir(folder):  # a crash's leftovers (ours was renamed)
+            if stale.endswith(".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(folder / stale)
-        for _seq, _n, old in _listed(home, key=lambda e: e[1])[:-keep]:
+        for _n, old in [*written, (n, folder / name)][:-keep]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(old)
     except OSError as exc:

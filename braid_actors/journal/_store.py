@@ -79,12 +79,7 @@ from ._inspect import (
 )
 from ._records import CommittedRecord, NewRecord, Operation
 from ._schema import connect_writer, refuse_orphans
-from ._snapfiles import (
-    delete_snapshot_files,
-    read_snapshot_file,
-    snapshot_files,
-    write_snapshot_file,
-)
+from ._snapfiles import delete_snapshot_files, snapshot_files, with_rows, write_snapshot_file
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -436,17 +431,10 @@ class Journal:
         only when the iteration reaches it."""
         with sqlite_errors(self.path, "read snapshots"):
             rows = self._conn.execute(
-                "SELECT seq, nonce, ciphertext FROM snapshots ORDER BY seq DESC, snapshot_id DESC"
+                "SELECT seq, nonce, ciphertext FROM snapshots ORDER BY seq, snapshot_id"
             ).fetchall()
-        stored: list[tuple[int, int, Path | None, bytes, bytes]] = [
-            (seq, 1, path, b"", b"") for seq, path in snapshot_files(self.home)
-        ]
-        stored += [(seq, 0, None, nonce, ciphertext) for seq, nonce, ciphertext in rows]
-        stored.sort(key=lambda entry: entry[:2], reverse=True)  # stable: rows keep their order
-        for seq, _file, path, nonce, ciphertext in stored:
-            if path is not None:
-                nonce, ciphertext = read_snapshot_file(seq, path)
-            yield seq, nonce, ciphertext
+        for seq, load in reversed(with_rows(snapshot_files(self.home), rows)):
+            yield seq, *load()
 
     def latest_snapshot(self, version: int) -> tuple[int, Mapping[str, Any]] | None:
         """``(seq, state)`` of the newest snapshot of projection ``version``, or ``None``.

@@ -44,7 +44,7 @@ from ._inspect import (
     open_snapshot,
     translate_sqlite_error,
 )
-from ._snapfiles import read_snapshot_file, snapshot_files
+from ._snapfiles import snapshot_files, with_rows
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -218,14 +218,9 @@ def _check_snapshots(
     except JournalError as exc:
         found.add(exc.message)
         files = []
-    stored: list[tuple[int, Path | None, bytes, bytes]] = [(s, p, b"", b"") for s, p in files]
-    stored += [(seq, None, nonce, ciphertext) for seq, nonce, ciphertext in rows]
-    stored.sort(key=lambda entry: entry[0])
-    for seq, path, nonce, ciphertext in stored:
+    for seq, load in with_rows(files, rows):
         try:
-            if path is not None:
-                nonce, ciphertext = read_snapshot_file(seq, path)
-            good.append(open_snapshot(sealer, seq, nonce, ciphertext))
+            good.append(open_snapshot(sealer, seq, *load()))
         except JournalCorrupt as exc:
             found.decrypt_ok = False
             found.add(exc.message)

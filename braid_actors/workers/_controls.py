@@ -181,25 +181,29 @@ def _sweep(info: ProcessInfo) -> None:
     """SIGKILL what is left of an exited leader's group (see the module note)."""
     if info.pid != info.pgid:
         return
-    try:
-        os.kill(info.pid, 0)  # a free pid answers here, without psutil reading /proc
-    except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(info.pgid, signal.SIGKILL)  # the pid is free: the group is the worker's
-        return
-    except PermissionError:
-        pass  # someone else's process: psutil tells whether it is the worker
-    try:
-        start = float(psutil.Process(info.pid).create_time())
-    except psutil.NoSuchProcess:
-        pass  # the pid is free: a group of that number can only be the worker's
-    except psutil.AccessDenied:
-        return
-    else:
-        if not same_start(start, info.create_time):
-            return  # another process holds the pid: the worker's group is empty
+    if _pid_in_use(info.pid):  # else the pid is free: a group of that number is the worker's
+        try:
+            start = float(psutil.Process(info.pid).create_time())
+        except psutil.NoSuchProcess:
+            pass  # freed since: as above
+        except psutil.AccessDenied:
+            return
+        else:
+            if not same_start(start, info.create_time):
+                return  # another process holds the pid: the worker's group is empty
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(info.pgid, signal.SIGKILL)
+
+
+def _pid_in_use(pid: int) -> bool:
+    """Signal 0: a free pid answers at once, without psutil reading ``/proc``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 async def _wait_exit(target: Target) -> None:
