@@ -123,12 +123,16 @@ async def journal_service(
     key: bytes,
     on_ready: Callable[[JournalService], None],
     *,
+    on_loaded: Callable[[], None] | None = None,
     task_status: trio.TaskStatus[JournalService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Service actor: open the journal, rebuild the graph, run the journal actor."""
+    """Service actor: open the journal, rebuild the graph (then ``on_loaded()``), run the
+    journal actor."""
     journal = await trio.to_thread.run_sync(Journal.open, home, key)
     try:
         admission = await trio.to_thread.run_sync(GraphAdmission.load, journal)
+        if on_loaded is not None:
+            on_loaded()
         admission.snapshot_per_entity = SNAPSHOT_PER_ENTITY
         async with trio.open_nursery() as nursery:
             handle: JournalHandle = await nursery.start(
@@ -333,18 +337,28 @@ runs``) the event -> durable ack p50 went from 45-48 ms to about 20 ms with 1 ms
 same CPU; 0.2-0.5 ms halved it again but cost 5-9 points of a core in switches."""
 
 
-def settle_process() -> None:
-    """Tune the interpreter for the process that runs Braid, once the app is up.
+def tune_process() -> None:
+    """Collector thresholds and thread switch interval for the process that runs Braid."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
-    What is alive now (the imports, the loaded graph) is taken out of later collector
-    passes: every full pass would otherwise walk the whole import graph again (about
-    100,000 objects) while the event loop waits; objects created later are collected as
-    usual, with :data:`GC_THRESHOLDS`. Threads switch every :data:`SWITCH_INTERVAL`.
+
+def freeze_long_lived() -> None:
+    """Take what is alive now (the imports, the loaded graph) out of later collector passes.
+
+    Every full pass would otherwise walk all of it again while the event loop waits: about
+    100,000 objects of imports, and a loaded graph of 1,000 runs as many again. A restart
+    that reconciled 1,000 runs made 2-3 full passes of 90-114 ms each before this was done
+    once the graph was loaded. Objects created later are collected as usual.
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    sys.setswitchinterval(SWITCH_INTERVAL)
+
+
+def settle_process() -> None:
+    """:func:`tune_process` and :func:`freeze_long_lived`, once the app is up."""
+    tune_process()
+    freeze_long_lived()
 
 
 async def open_app(
@@ -355,9 +369,15 @@ async def open_app(
     default_limits: Limits | None = None,
     observe_interval: float = DEFAULT_OBSERVE_INTERVAL,
     providers: Mapping[str, Provider] | None = None,
+    settle: bool = False,
     task_status: trio.TaskStatus[BraidApp] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run Braid until :meth:`BraidApp.shutdown`; hands the app to the starter.
+
+    With ``settle`` (``braid serve``, ``braid headless``) the process is tuned for Braid
+    first (:func:`tune_process`), and what is alive is frozen out of the collector's passes
+    (:func:`freeze_long_lived`) once the graph is loaded, before any run is reconciled, and
+    again once the app is up.
 
     The service actors run under the root supervisor (``one_for_all``): the journal
     service first, then the runs supervisor. A failing service restarts both (the graph
@@ -369,6 +389,8 @@ async def open_app(
     key = load_or_create_key(home, env)
     found = dict(providers or default_providers(home, env))
     app = BraidApp(home=home, journal_path=home / "journal.sqlite3", providers=found, ids=new_id)
+    if settle:
+        tune_process()
 
     async def runs_service(
         *, task_status: trio.TaskStatus[RunsSupervisor] = trio.TASK_STATUS_IGNORED
@@ -400,7 +422,13 @@ async def open_app(
         children=(
             ChildSpec(
                 "journal",
-                functools.partial(journal_service, home, key, app.bind_journal),
+                functools.partial(
+                    journal_service,
+                    home,
+                    key,
+                    app.bind_journal,
+                    on_loaded=freeze_long_lived if settle else None,
+                ),
                 restart="transient",
                 shutdown_grace=RECORD_GRACE,
                 stop=lambda service: service.handle.aclose(),

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 import trio
 
-from braid_actors.app import DEFAULT_DRAIN_GRACE, BraidApp, open_app, settle_process
+from braid_actors.app import DEFAULT_DRAIN_GRACE, BraidApp, open_app
 from braid_actors.cli.headless import Writer, serve_session
 from braid_actors.errors import BadRequest, DaemonRunning
 
@@ -171,11 +171,14 @@ async def serve(
                 async with trio.open_nursery() as nursery:
                     app: BraidApp = await nursery.start(
                         functools.partial(
-                            open_app, home, env=env, admission_limit=options.max_active
+                            open_app,
+                            home,
+                            env=env,
+                            admission_limit=options.max_active,
+                            settle=True,
                         )
                     )
                     app.drain_grace = options.drain_grace
-                    settle_process()
                     nursery.start_soon(_on_signals, signals, app, options, nursery)
                     async with trio.open_nursery() as connections:
                         accepting = trio.CancelScope()

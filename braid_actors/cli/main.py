@@ -16,7 +16,6 @@ from braid_actors.app import (
     default_home,
     error_body,
     open_app,
-    settle_process,
 )
 from braid_actors.errors import BadRequest, BraidError
 
@@ -95,8 +94,9 @@ async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> 
         await run_client(sock)
         return
     async with trio.open_nursery() as nursery:
-        app = await nursery.start(functools.partial(open_app, home, admission_limit=max_active))
-        settle_process()
+        app = await nursery.start(
+            functools.partial(open_app, home, admission_limit=max_active, settle=True)
+        )
         await run_headless(app)
 
 

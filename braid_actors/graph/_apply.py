@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from braid_actors.errors import (
     CrossWorkspaceBinding,
     DuplicateIdentifier,
@@ -38,6 +36,7 @@ from braid_actors.graph._checks import (
     reposition,
 )
 from braid_actors.graph._queries import get_branch, get_conversation
+from braid_actors.graph._replace import replace
 from braid_actors.graph._runs import is_terminal
 from braid_actors.model import (
     BindingClosed,
@@ -119,12 +118,12 @@ def _conversation_cloned(state: GraphState, ev: ConversationCloned, _seq: int | 
 
 def _draft_set(state: GraphState, ev: DraftSet, _seq: int | None) -> None:
     branch = get_branch(state, ev.branch_id)
-    state.branches[branch.branch_id] = attrs.evolve(branch, draft=ev.draft)
+    state.branches[branch.branch_id] = replace(branch, draft=ev.draft)
 
 
 def _overrides_set(state: GraphState, ev: OverridesSet, _seq: int | None) -> None:
     branch = get_branch(state, ev.branch_id)
-    state.branches[branch.branch_id] = attrs.evolve(branch, overrides=ev.overrides)
+    state.branches[branch.branch_id] = replace(branch, overrides=ev.overrides)
 
 
 def _binding_closed(state: GraphState, ev: BindingClosed, _seq: int | None) -> None:
@@ -137,9 +136,7 @@ def _binding_closed(state: GraphState, ev: BindingClosed, _seq: int | None) -> N
         for r in state.runs.values()
     ):
         raise IllegalTransition("the branch's session is in use by an active run")
-    state.branches[branch.branch_id] = attrs.evolve(
-        branch, binding=attrs.evolve(binding, state="closed")
-    )
+    state.branches[branch.branch_id] = replace(branch, binding=replace(binding, state="closed"))
 
 
 def _environment_bound(state: GraphState, ev: EnvironmentBound, _seq: int | None) -> None:
@@ -168,7 +165,7 @@ def _environment_bound(state: GraphState, ev: EnvironmentBound, _seq: int | None
     state.environments[env.environment_id] = env
     if ev.edge is not None:
         state.add_edge(ev.edge)
-    state.branches[branch.branch_id] = attrs.evolve(branch, environment_id=env.environment_id)
+    state.branches[branch.branch_id] = replace(branch, environment_id=env.environment_id)
 
 
 def _turn_submitted(state: GraphState, ev: TurnSubmitted, _seq: int | None) -> None:
@@ -192,7 +189,7 @@ def _turn_submitted(state: GraphState, ev: TurnSubmitted, _seq: int | None) -> N
     state.turns[turn.turn_id] = turn
     state.add_edge(ev.edge)
     state.queues.setdefault(branch.branch_id, []).append(run.run_id)
-    state.branches[branch.branch_id] = attrs.evolve(branch, draft="")
+    state.branches[branch.branch_id] = replace(branch, draft="")
     reposition(state, branch.branch_id)
 
 
@@ -201,9 +198,7 @@ def _branch_focused(state: GraphState, ev: BranchFocused, _seq: int | None) -> N
     conv = get_conversation(state, ev.conversation_id)
     if branch.conversation_id != conv.conversation_id:
         raise IntegrityError("a conversation can only focus one of its own branches")
-    state.conversations[conv.conversation_id] = attrs.evolve(
-        conv, active_branch_id=branch.branch_id
-    )
+    state.conversations[conv.conversation_id] = replace(conv, active_branch_id=branch.branch_id)
 
 
 _HANDLERS: dict[type[Any], Callable[[GraphState, Any, int | None], None]] = {

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from braid_actors.errors import (
     DuplicateIdentifier,
     IllegalTransition,
@@ -67,9 +65,9 @@ def _run_admitted(state: GraphState, ev: RunAdmitted, _seq: int | None) -> None:
         )
     queue.pop(0)
     state.active[run.branch_id] = run.run_id
-    state.runs[run.run_id] = attrs.evolve(run, state=target)
+    state.runs[run.run_id] = replace(run, state=target)
     turn = state.turns[run.turn_id]
-    state.turns[turn.turn_id] = attrs.evolve(turn, queue_position=None)
+    state.turns[turn.turn_id] = replace(turn, queue_position=None)
     reposition(state, run.branch_id)
 
 
@@ -96,10 +94,10 @@ def _run_dispatched(state: GraphState, ev: RunDispatched, seq: int | None) -> No
         if ev.edge.destination_id != run.run_id or ev.session_mode != "handed_off":
             raise IntegrityError("a handed_off edge ends at a run that copies context")
     state.messages[msg.message_id] = msg
-    state.branches[branch.branch_id] = attrs.evolve(branch, message_ids=tuple(local))
+    state.branches[branch.branch_id] = replace(branch, message_ids=tuple(local))
     if ev.edge is not None:
         state.add_edge(ev.edge)
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         state=target,
         receipt=ev.receipt,
@@ -127,7 +125,7 @@ def _run_worker_started(state: GraphState, ev: RunWorkerStarted, seq: int | None
         raise IntegrityError("the root worker's spawned edge runs from the run to the worker")
     state.workers[worker.worker_id] = worker
     state.add_edge(ev.edge)
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         runtime_id=worker.worker_id,
         worker_ids=(*run.worker_ids, worker.worker_id),
@@ -144,7 +142,7 @@ def _run_session_reported(state: GraphState, ev: RunSessionReported, seq: int | 
             "reported as resumed",
             details={"runId": run.run_id},
         )
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         provider_session_id=ev.session_id,
         trace_path=ev.trace_path,
@@ -203,7 +201,7 @@ def _run_interaction_requested(
         raise DuplicateIdentifier(f"interaction {ev.interaction.interaction_id} already exists")
     if ev.interaction.state != "pending":
         raise IntegrityError("a new interaction is pending")
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         state=target,
         interactions=(*run.interactions, ev.interaction),
@@ -228,21 +226,21 @@ def _run_interaction_answered(
             details={"interactionId": ev.interaction_id},
         )
     interactions = tuple(
-        attrs.evolve(i, state="answered", answer=dict(ev.answer), answered_at=ev.at)
+        replace(i, state="answered", answer=dict(ev.answer), answered_at=ev.at)
         if i.interaction_id == ev.interaction_id
         else i
         for i in run.interactions
     )
     still_pending = any(i.state == "pending" for i in interactions)
     target = run.state if still_pending else next_state(run.run_id, run.state, "unblock")
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run, state=target, interactions=interactions, events=counted(run, seq)
     )
 
 
 def _run_usage_reported(state: GraphState, ev: RunUsageReported, seq: int | None) -> None:
     run = live_run(state, ev.run_id)
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         usage=ev.usage,
         cost_usd=ev.cost_usd,
@@ -266,13 +264,11 @@ def _run_finished(state: GraphState, ev: RunFinished, seq: int | None) -> None:
             last_event_seq=run.events.count,
             missing=None if done else f"after run event {run.events.count} ({ev.state})",
         )
-        state.messages[msg.message_id] = attrs.evolve(
-            msg, completeness=completeness, updated_at=ev.at
-        )
+        state.messages[msg.message_id] = replace(msg, completeness=completeness, updated_at=ev.at)
     interactions = tuple(
-        attrs.evolve(i, state="cancelled") if i.state == "pending" else i for i in run.interactions
+        replace(i, state="cancelled") if i.state == "pending" else i for i in run.interactions
     )
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         state=target,
         outcome=ev.outcome,
@@ -288,14 +284,14 @@ def _run_finished(state: GraphState, ev: RunFinished, seq: int | None) -> None:
         state.queues[run.branch_id].remove(run.run_id)
         reposition(state, run.branch_id)
         turn = state.turns[run.turn_id]
-        state.turns[turn.turn_id] = attrs.evolve(turn, queue_position=None)
+        state.turns[turn.turn_id] = replace(turn, queue_position=None)
     elif state.active.get(run.branch_id) == run.run_id:
         del state.active[run.branch_id]
     turn = state.turns[run.turn_id]
     if turn.selected_run_id is None and ev.state == "succeeded":
-        state.turns[turn.turn_id] = attrs.evolve(turn, selected_run_id=run.run_id)
+        state.turns[turn.turn_id] = replace(turn, selected_run_id=run.run_id)
     if ev.binding is not None:
-        state.branches[branch.branch_id] = attrs.evolve(
+        state.branches[branch.branch_id] = replace(
             state.branches[branch.branch_id], binding=ev.binding
         )
 
@@ -303,7 +299,7 @@ def _run_finished(state: GraphState, ev: RunFinished, seq: int | None) -> None:
 def _run_cancel_requested(state: GraphState, ev: RunCancelRequested, seq: int | None) -> None:
     run = get_run(state, ev.run_id)
     target = next_state(run.run_id, run.state, "request_cancel")
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run, state=target, cancel_reason=ev.reason, events=counted(run, seq)
     )
 
@@ -333,7 +329,7 @@ def _run_retried(state: GraphState, ev: RunRetried, _seq: int | None) -> None:
         raise IntegrityError("the retried edge runs from the turn's last run to the new one")
     state.runs[run.run_id] = run
     state.add_edge(ev.edge)
-    state.turns[turn.turn_id] = attrs.evolve(turn, run_ids=(*turn.run_ids, run.run_id))
+    state.turns[turn.turn_id] = replace(turn, run_ids=(*turn.run_ids, run.run_id))
     state.queues.setdefault(turn.branch_id, []).append(run.run_id)
     reposition(state, turn.branch_id)
 
@@ -352,7 +348,7 @@ def _turn_run_selected(state: GraphState, ev: TurnRunSelected, _seq: int | None)
             f"run {ev.run_id} has not finished; only a finished attempt can be selected",
             details={"runId": ev.run_id},
         )
-    state.turns[turn.turn_id] = attrs.evolve(turn, selected_run_id=ev.run_id)
+    state.turns[turn.turn_id] = replace(turn, selected_run_id=ev.run_id)
 
 
 RUN_HANDLERS: dict[type[Any], Callable[[GraphState, Any, int | None], None]] = {

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from braid_actors.errors import (
     DuplicateIdentifier,
     IntegrityError,
 )
 from braid_actors.graph._checks import check_edge, counted, live_run, new
+from braid_actors.graph._replace import replace
 from braid_actors.model import (
     MAX_RUN_CHILDREN,
     MAX_RUN_SOURCE_EVENTS,
@@ -57,7 +56,7 @@ def _worker_spawned(state: GraphState, ev: WorkerSpawned, seq: int | None) -> No
     run = live_run(state, ev.run_id)
     child = ev.worker
     if not run.children_complete:
-        state.runs[run.run_id] = attrs.evolve(run, events=counted(run, seq))
+        state.runs[run.run_id] = replace(run, events=counted(run, seq))
         return
     _seen(run, ev.source_event_id)
     new(state.workers, child.worker_id, "worker")
@@ -66,16 +65,14 @@ def _worker_spawned(state: GraphState, ev: WorkerSpawned, seq: int | None) -> No
         raise IntegrityError("a child worker's parent is a worker of the same run")
     children = sum(1 for w in run.worker_ids if state.workers[w].parent_worker_id is not None)
     if children >= MAX_RUN_CHILDREN or len(run.source_event_ids) >= MAX_RUN_SOURCE_EVENTS:
-        state.runs[run.run_id] = attrs.evolve(
-            run, children_complete=False, events=counted(run, seq)
-        )
+        state.runs[run.run_id] = replace(run, children_complete=False, events=counted(run, seq))
         return
     check_edge(state, ev.edge, "spawned", new_nodes=frozenset({child.worker_id}))
     if (ev.edge.source_id, ev.edge.destination_id) != (parent.worker_id, child.worker_id):
         raise IntegrityError("a child's spawned edge runs from its parent worker")
     state.workers[child.worker_id] = child
     state.add_edge(ev.edge)
-    state.runs[run.run_id] = attrs.evolve(
+    state.runs[run.run_id] = replace(
         run,
         worker_ids=(*run.worker_ids, child.worker_id),
         source_event_ids=(*run.source_event_ids, ev.source_event_id),
@@ -85,16 +82,16 @@ def _worker_spawned(state: GraphState, ev: WorkerSpawned, seq: int | None) -> No
 
 def _worker_observed(state: GraphState, ev: WorkerObserved, seq: int | None) -> None:
     run, worker = _run_worker(state, ev.run_id, ev.worker_id)
-    state.workers[worker.worker_id] = attrs.evolve(worker, spend=ev.spend)
-    state.runs[run.run_id] = attrs.evolve(run, events=counted(run, seq))
+    state.workers[worker.worker_id] = replace(worker, spend=ev.spend)
+    state.runs[run.run_id] = replace(run, events=counted(run, seq))
 
 
 def _worker_controlled(state: GraphState, ev: WorkerControlled, seq: int | None) -> None:
     run, worker = _run_worker(state, ev.run_id, ev.worker_id)
-    state.workers[worker.worker_id] = attrs.evolve(
+    state.workers[worker.worker_id] = replace(
         worker, status=ev.status, control_history=(*worker.control_history, ev.control)
     )
-    state.runs[run.run_id] = attrs.evolve(run, events=counted(run, seq))
+    state.runs[run.run_id] = replace(run, events=counted(run, seq))
 
 
 def _worker_exited(state: GraphState, ev: WorkerExited, seq: int | None) -> None:
@@ -102,7 +99,7 @@ def _worker_exited(state: GraphState, ev: WorkerExited, seq: int | None) -> None
     worker = state.workers.get(ev.worker_id)
     if worker is None or worker.run_id != run.run_id:
         if not run.children_complete:  # a child past the limit was never recorded
-            state.runs[run.run_id] = attrs.evolve(run, events=counted(run, seq))
+            state.runs[run.run_id] = replace(run, events=counted(run, seq))
             return
         raise IntegrityError(
             f"run {ev.run_id} has no worker {ev.worker_id}", details={"workerId": ev.worker_id}
@@ -114,17 +111,15 @@ def _worker_exited(state: GraphState, ev: WorkerExited, seq: int | None) -> None
     )
     if frozen:
         # Past the limit: keep the last observed status, mark the history incomplete.
-        state.runs[run.run_id] = attrs.evolve(
-            run, children_complete=False, events=counted(run, seq)
-        )
+        state.runs[run.run_id] = replace(run, children_complete=False, events=counted(run, seq))
         return
-    state.workers[worker.worker_id] = attrs.evolve(
+    state.workers[worker.worker_id] = replace(
         worker, status=ev.status, exit_code=ev.exit_code, log_ref=ev.log_ref or worker.log_ref
     )
     ids = run.source_event_ids
     if len(ids) < MAX_RUN_SOURCE_EVENTS:
         ids = (*ids, ev.source_event_id)
-    state.runs[run.run_id] = attrs.evolve(run, source_event_ids=ids, events=counted(run, seq))
+    state.runs[run.run_id] = replace(run, source_event_ids=ids, events=counted(run, seq))
 
 
 WORKER_HANDLERS: dict[type[Any], Callable[[GraphState, Any, int | None], None]] = {

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from braid_actors.errors import (
     CrossWorkspaceBinding,
     CycleDetected,
@@ -17,6 +15,7 @@ from braid_actors.errors import (
     UnknownRun,
 )
 from braid_actors.graph._queries import history
+from braid_actors.graph._replace import replace
 from braid_actors.graph._runs import LIVE_STATES, is_terminal, next_state
 from braid_actors.model import (
     Branch,
@@ -182,4 +181,4 @@ def reposition(state: GraphState, branch_id: str) -> None:
     for pos, run_id in enumerate(state.queues.get(branch_id, []), start=1):
         turn = state.turns[state.runs[run_id].turn_id]
         if turn.queue_position != pos:
-            state.turns[turn.turn_id] = attrs.evolve(turn, queue_position=pos)
+            state.turns[turn.turn_id] = replace(turn, queue_position=pos)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from braid_actors.providers._port import WorkerInfo
 
 FOLLOW_POLL = 0.05
+READ_CHUNK: Final = 1 << 20
 EVENT_TYPES = frozenset({"session", "part", "interaction", "usage"})
 """Spool message types that become journal events (what ``skip`` counts)."""
 
@@ -83,6 +84,8 @@ class SpoolSource:
     _pos: int = 0
     """Where the unread part of ``_buffer`` starts (slicing per line would be quadratic)."""
     _lines: int = 0
+    _drained: bool = False
+    """The worker was gone before a read that reached the spool's end: nothing can follow."""
     stop_report: StopReport | None = None
 
     def _alive(self) -> bool:
@@ -116,28 +119,34 @@ class SpoolSource:
             ready = self.buffered()
             if ready is not None:
                 return ready
-            chunk = await trio.to_thread.run_sync(self._read_more)
+            if self._drained:
+                return None
+            alive, chunk = await trio.to_thread.run_sync(self._read_more)
             if chunk:
                 self._append(chunk)
                 continue
-            if not self._alive():
-                # One last read: the worker may have written its end just before exiting.
-                chunk = await trio.to_thread.run_sync(self._read_more)
-                if chunk:
-                    self._append(chunk)
-                    continue
+            if not alive:
                 return None
             await trio.sleep(FOLLOW_POLL)
 
-    def _read_more(self) -> bytes:
+    def _read_more(self) -> tuple[bool, bytes]:
+        """Whether the worker ran just before the read, and what the read found.
+
+        The check comes first: a worker seen gone before a read that reached the end of
+        the spool can write nothing more, so its spool is drained without another read (a
+        restart reconciles every run this way, and a thread round trip is most of the
+        cost of replaying a short spool).
+        """
+        alive = self._alive()
         try:
             with self.spool.open("rb") as f:
                 f.seek(self._offset)
-                data = f.read(1 << 20)
+                data = f.read(READ_CHUNK)
         except FileNotFoundError:
-            return b""
+            data = b""
         self._offset += len(data)
-        return data
+        self._drained = not alive and len(data) < READ_CHUNK
+        return alive, data
 
     async def send(self, message: Mapping[str, Any]) -> None:
         """Append a control line for the detached worker."""

@@ -34,7 +34,7 @@ import psutil
 import trio
 
 from braid_actors import graph
-from braid_actors.app import BraidApp, call, open_app, settle_process
+from braid_actors.app import BraidApp, call, open_app
 from braid_actors.journal import Journal, Request, event_to_record, load_or_create_key
 from braid_actors.model import (
     CountingIds,
@@ -181,13 +181,13 @@ async def concurrent(
                     env={},
                     observe_interval=5.0,
                     admission_limit=n_runs,
+                    settle=True,  # tuned as braid serve and braid headless are
                 )
             )
             convs = [
                 await call(app, "create_conversation", {"workspace": str(workspace)})
                 for _ in range(branches)
             ]
-            settle_process()  # as braid serve and braid headless do once the app is up
             rss_before = me.memory_info().rss
             # Every worker waits for one start line (``?at``), idle, then streams: the
             # window below sees all of them streaming at once, whatever their start-up took.
@@ -419,7 +419,9 @@ async def restart(events: int, active: int) -> dict[str, Any]:
     try:
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
-            app: BraidApp = await nursery.start(functools.partial(open_app, home, env={}))
+            app: BraidApp = await nursery.start(
+                functools.partial(open_app, home, env={}, settle=True)  # as braid serve
+            )
             with trio.fail_after(600):
                 while any(not graph.is_terminal(r.state) for r in app.state.runs.values()):
                     await app.changed()
