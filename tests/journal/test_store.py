@@ -21,11 +21,12 @@ from braid_actors.journal._crypto import (
     event_ad,
     event_ad_framed,
     frame,
+    snapshot_ad,
 )
 from braid_actors.journal._encoding import canonical_bytes
 from braid_actors.journal._snapfiles import SNAPSHOT_DIR, snapshot_files
-from braid_actors.journal._store import KEEP_SNAPSHOTS
-from braid_actors.model._codec import canonical_json
+from braid_actors.journal._store import KEEP_SNAPSHOTS, SealedSnapshot
+from braid_actors.model._codec import canonical_json, digest, digest_bytes
 
 from ._helpers import rec
 
@@ -142,6 +143,37 @@ def test_snapshot_round_trip(journal: Journal) -> None:
     journal.append([([rec(1), rec(2)], None)])
     journal.save_snapshot(2, 7, {"count": 2, "names": ["a", "b"]})
     assert journal.latest_snapshot(7) == (2, {"count": 2, "names": ["a", "b"]})
+
+
+def _seal_raw(journal: Journal, seq: int, plaintext: bytes) -> None:
+    """Store a snapshot whose decrypted payload is exactly ``plaintext``."""
+    nonce, ciphertext = journal._sealer.seal(plaintext, snapshot_ad(seq))
+    journal.write_snapshot(SealedSnapshot(seq, nonce, ciphertext))
+
+
+def test_snapshot_checksum_is_checked_in_either_layout(journal: Journal) -> None:
+    """The checksum is checked on the state's own bytes when the payload is spliced as
+    ``seal_snapshot_json`` writes it, and by encoding the state for any other layout: a
+    wrong checksum is JournalCorrupt either way, a right one loads either way."""
+    journal.append([([rec(1), rec(2)], None)])
+    state = {"b": [1, 2], "a": "x"}
+    good = digest(state)
+    bad = digest({"other": 1})
+    spliced = b'{"checksum":"%s","seq":2,"state":%s,"version":7}'
+    other = b'{"version": 7, "seq": 2, "checksum": "%s", "state": {"a": "x", "b": [1, 2]}}'
+    _seal_raw(journal, 2, spliced % (good.encode(), canonical_json(state)))
+    assert journal.latest_snapshot(7) == (2, state)
+    _seal_raw(journal, 2, other % good.encode())
+    assert journal.latest_snapshot(7) == (2, state)
+    # Spliced, the bytes themselves are hashed: a state written with a space (not
+    # canonical, so encoding it again would give another digest) matches its own digest.
+    loose = b'{"a": "x","b":[1,2]}'
+    _seal_raw(journal, 2, spliced % (digest_bytes(loose).encode(), loose))
+    assert journal.latest_snapshot(7) == (2, state)
+    for layout in (spliced % (bad.encode(), canonical_json(state)), other % bad.encode()):
+        _seal_raw(journal, 2, layout)
+        with pytest.raises(JournalCorrupt, match="does not match its checksum"):
+            journal.latest_snapshot(7)
 
 
 def test_snapshot_of_another_version_is_ignored(journal: Journal) -> None:
