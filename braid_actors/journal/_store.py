@@ -36,6 +36,7 @@ used by one thread at a time; :meth:`Journal.checkpoint` may run concurrently wi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -88,10 +89,35 @@ if TYPE_CHECKING:
 
 KEEP_SNAPSHOTS = 3
 _READ_CHUNK = 1000
-_INSERT_EVENT = (
-    "INSERT INTO events (seq, stream, type, committed_at, nonce, ciphertext, prev_hash, hash)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_EVENT_COLUMNS = "seq, stream, type, committed_at, nonce, ciphertext, prev_hash, hash"
+_MAX_ROWS_PER_INSERT = 128
+"""Rows of one multi-row ``INSERT`` (8 parameters each, far below SQLite's limit)."""
+
+
+@functools.cache
+def _insert_events_sql(rows: int) -> str:
+    return f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES " + ",".join(
+        ["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows
+    )
+
+
+def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` with a few multi-row statements instead of one step per row.
+
+    Each SQLite step releases the interpreter and takes it back, and under load the event
+    loop holds it meanwhile: at a restart reconciling 1,000 runs, ``executemany`` spent
+    ~107 us of wall per row for ~14 us of CPU, waiting for the interpreter after every row.
+    Chunks of a power of two rows (at most :data:`_MAX_ROWS_PER_INSERT`) keep the distinct
+    statements, and so SQLite's statement cache, to a handful.
+    """
+    at, count = 0, len(rows)
+    while at < count:
+        size = min(_MAX_ROWS_PER_INSERT, 1 << ((count - at).bit_length() - 1))
+        params = [value for row in rows[at : at + size] for value in row]
+        conn.execute(_insert_events_sql(size), params)
+        at += size
+
+
 _INSERT_OPERATION = (
     "INSERT INTO operations (op_id, command, params_digest, seq, nonce, ciphertext)"
     " VALUES (?, ?, ?, ?, ?, ?)"
@@ -289,7 +315,7 @@ class Journal:
         commits = self._tip.commits + 1
         try:
             with self._db.atomic():
-                self._conn.executemany(_INSERT_EVENT, event_rows)
+                _insert_events(self._conn, event_rows)
                 self._conn.executemany(_INSERT_OPERATION, op_rows)
                 self._conn.execute(
                     "UPDATE meta SET value = ? WHERE name = 'commits'", (str(commits),)
