@@ -100,14 +100,16 @@ class SpoolSource:
         received). Only lines the worker's own encoder starts with ``_PART_PREFIX`` are
         candidates; anything else is decoded as usual.
         """
-        while (nl := self._buffer.find(b"\n", self._pos)) >= 0:
-            line, self._pos = self._buffer[self._pos : nl], nl + 1
+        buffer = self._buffer
+        while (nl := buffer.find(b"\n", self._pos)) >= 0:
+            start, self._pos = self._pos, nl + 1
             self._lines += 1
-            if not line:
+            if nl == start:
                 continue
-            if skip_part is not None and line.startswith(_PART_PREFIX) and skip_part():
+            # tested in place: a line passed over is never copied out of the buffer
+            if skip_part is not None and buffer.startswith(_PART_PREFIX, start) and skip_part():
                 continue
-            return decode_message(line, number=self._lines)
+            return decode_message(buffer[start:nl], number=self._lines)
         return None
 
     def _append(self, chunk: bytes) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -142,7 +143,7 @@ class LocalProvider:
 
     def available(self) -> bool:
         """True when the interpreter exists and can find the worker program."""
-        return Path(self.python).exists() and worker_module_found()
+        return os.path.exists(self.python) and worker_module_found()
 
     async def run_turn(
         self, request: TurnRequest, sink: RunSink, control: RunControl | None = None

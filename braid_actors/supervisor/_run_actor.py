@@ -23,7 +23,7 @@ Theory of operation:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -186,16 +186,15 @@ class RunActor:
             self.sup.default_limits, self.state.branches[run.branch_id].overrides.limits
         )
         found = self._provider()
-        candidate: object = found
         if run.state == "cancelling":
             # The cancel was journaled before the crash; the provider may never have heard.
             self.control.request_cancel(run.cancel_reason or "cancelled by the user")
-        if found is None or not isinstance(candidate, Reattachable):
+        if found is None or not _reattachable(type(found)):
             # Its worker can't be followed again: the provider settles it and its own
             # session record decides (see the _reconcile_cli module).
             await reconcile_native(self, found)
             return
-        provider: Reattachable = candidate
+        provider = cast("Reattachable", found)
         root = self._root()
         if not provider.spool_started(self.run_id):
             await self._redispatch(found, root)
@@ -552,6 +551,20 @@ class RunActor:
                     at,
                 )
             )
+
+
+_REATTACHABLE: dict[type, bool] = {}
+
+
+def _reattachable(cls: type) -> bool:
+    """Whether providers of ``cls`` are :class:`Reattachable` (asked once per class: a
+    runtime protocol check reads every member, and a restart asks for every run)."""
+    known = _REATTACHABLE.get(cls)
+    if known is None:
+        known = _REATTACHABLE[cls] = all(
+            callable(getattr(cls, name, None)) for name in ("spool_started", "reattach")
+        )
+    return known
 
 
 def find_local_workers_for(provider: Provider, run_id: str) -> list[ProcessInfo]:
