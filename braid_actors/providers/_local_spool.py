@@ -15,6 +15,7 @@ gone and the spool is exhausted the turn has ended (a missing ``done`` is report
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -69,6 +70,8 @@ def read_spool(path: Path) -> list[dict[str, Any]]:
 
 _PART_PREFIX: Final = b'{"type":"part",'
 """How ``encode_message`` starts a ``part`` message (its ``type`` key comes first)."""
+_PART_LINES: Final = re.compile(rb'(?:\{"type":"part",[^\n]*\n)+')
+"""One or more whole lines in a row that start as part messages do."""
 
 
 @attrs.define(eq=False)
@@ -91,23 +94,36 @@ class SpoolSource:
     def _alive(self) -> bool:
         return recognise(self.info.pid, self.info.create_time, self.info.pgid)
 
-    def buffered(self, skip_part: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+    def buffered(self, skip_parts: Callable[[int], int] | None = None) -> dict[str, Any] | None:
         """A message already read from the spool, without waiting (replay is not timed).
 
-        With ``skip_part``, a part line it says the journal already holds is passed over
-        without being decoded: a restart replays every spool from its start, and the
-        parts before the committed cursor are most of it (and were checked when first
-        received). Only lines the worker's own encoder starts with ``_PART_PREFIX`` are
-        candidates; anything else is decoded as usual.
+        With ``skip_parts``, part lines the journal already holds are passed over without
+        being decoded: a restart replays every spool from its start, and the parts before
+        the committed cursor are most of it (and were checked when first received). Only
+        lines the worker's own encoder starts with ``_PART_PREFIX`` are candidates; a run of
+        them is found in one regular-expression match, ``skip_parts(n)`` says how many of
+        its ``n`` lines are already journaled, and those are passed over at once. Anything
+        else is decoded as usual.
         """
         buffer = self._buffer
         while (nl := buffer.find(b"\n", self._pos)) >= 0:
-            start, self._pos = self._pos, nl + 1
+            start = self._pos
+            if skip_parts is not None and buffer.startswith(_PART_PREFIX, start):
+                run = _PART_LINES.match(buffer, start)
+                assert run is not None  # this very line matches
+                count = buffer.count(b"\n", start, run.end())
+                taken = skip_parts(count)
+                if taken:
+                    if taken == count:
+                        self._pos = run.end()
+                    else:
+                        for _ in range(taken):
+                            self._pos = buffer.index(b"\n", self._pos) + 1
+                    self._lines += taken
+                    continue
+            self._pos = nl + 1
             self._lines += 1
             if nl == start:
-                continue
-            # tested in place: a line passed over is never copied out of the buffer
-            if skip_part is not None and buffer.startswith(_PART_PREFIX, start) and skip_part():
                 continue
             return decode_message(buffer[start:nl], number=self._lines)
         return None
@@ -198,12 +214,12 @@ class QuietSink:
         self._seen += 1
         return self._seen <= self.skip
 
-    def skip_part(self) -> bool:
-        """Consume one quiet slot for a part update the journal already holds."""
-        if self._seen < self.skip:
-            self._seen += 1
-            return True
-        return False
+    def skip_parts(self, count: int) -> int:
+        """Consume quiet slots for up to ``count`` part updates the journal already holds;
+        how many it took (none once every journaled report was passed over)."""
+        taken = max(0, min(count, self.skip - self._seen))
+        self._seen += taken
+        return taken
 
     async def worker_started(self, worker: WorkerInfo) -> None:
         return None  # recorded by the supervisor that started it

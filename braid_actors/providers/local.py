@@ -383,7 +383,7 @@ class _Turn:
                 message["type"] == "part"
                 and isinstance(self.sink, QuietSink)
                 and self.session is not None
-                and self.sink.skip_part()
+                and self.sink.skip_parts(1)
             ):
                 continue  # already journaled: nothing to decode or report
             result = await self._handle(message)
@@ -403,7 +403,7 @@ class _Turn:
         """The next message a replayed spool already holds, if any (no waiting)."""
         if isinstance(self.worker, SpoolSource):
             sink = self.sink
-            skip = sink.skip_part if isinstance(sink, QuietSink) and self.session else None
+            skip = sink.skip_parts if isinstance(sink, QuietSink) and self.session else None
             return self.worker.buffered(skip)
         return None
 

@@ -35,11 +35,13 @@ def test_skipped_parts_are_not_decoded_and_the_rest_comes_in_order(tmp_path: Pat
     source = _source(tmp_path, b"".join(lines))
     budget = [4]  # the journal holds the first four parts and the broken line
 
-    def skip() -> bool:
-        if budget[0] > 0:
-            budget[0] -= 1
-            return True
-        return False
+    asked: list[int] = []
+
+    def skip(count: int) -> int:
+        asked.append(count)
+        taken = min(count, budget[0])
+        budget[0] -= taken
+        return taken
 
     assert source.buffered(skip) == {"type": "hello", "protocol": 1, "pid": 1}
     fifth = source.buffered(skip)
@@ -48,6 +50,8 @@ def test_skipped_parts_are_not_decoded_and_the_rest_comes_in_order(tmp_path: Pat
     budget[0] = 1
     assert source.buffered(skip) == {"type": "usage", "inputTokens": 1}  # the broken line skipped
     assert source.buffered(skip) is None
+    # a run of part lines is offered whole: all six, then the two left after four were taken
+    assert asked == [6, 2, 1]
 
 
 def test_without_skip_every_line_is_decoded(tmp_path: Path) -> None:
