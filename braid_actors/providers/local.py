@@ -15,6 +15,7 @@ group is gone before the cancellation propagates. The protocol is ``docs/local-r
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -129,8 +130,9 @@ class LocalProvider:
     spool_dir: Path | None = None
     """Run spools (default ``<sessions_dir>/spool``): see ``_local_spool``."""
 
-    @property
+    @functools.cached_property
     def spools(self) -> Path:
+        """Where the run spools are (worked out once: a restart asks for every run)."""
         return self.spool_dir or self.sessions_dir / "spool"
 
     @property
@@ -221,6 +223,7 @@ class LocalProvider:
             control=control_path(self.spools, request.run_id),
             policy=policy,
         )
+        source.prime()
         quiet = QuietSink(sink, skip, answers, await_pending)
         turn = _Turn(
             timeouts=self.timeouts, worker=source, request=request, sink=quiet, control=control

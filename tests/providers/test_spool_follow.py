@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -30,8 +30,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int]]:
     reads: list[tuple[bool, int]] = []
     read = SpoolSource._read_more
 
-    def counted(self: SpoolSource) -> tuple[bool, bytes]:
-        alive, data = read(self)
+    def counted(self: SpoolSource, *limit: int) -> tuple[bool, bytes]:
+        alive, data = read(self, *limit)
         reads.append((alive, len(data)))
         return alive, data
 
@@ -60,6 +60,32 @@ async def test_a_gone_workers_spool_is_drained_with_one_read(
     reads = _counting(monkeypatch)
     assert await _drain(source) == [str(i) for i in range(50)]
     assert reads == [(False, spool.stat().st_size)]
+
+
+async def test_a_primed_spool_of_a_gone_worker_needs_no_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prime`` reads the start on the caller's thread: for a gone worker whose spool is
+    shorter than ``PRIME_BYTES`` that one read is all, and no thread job follows."""
+    spool = tmp_path / "run.jsonl"
+    spool.write_bytes(_lines(50))
+    gone = 2**22 - 7
+    source = SpoolSource(
+        ProcessInfo(gone, 1.0, gone, ()), spool, tmp_path / "c.jsonl", StopPolicy()
+    )
+    reads = _counting(monkeypatch)
+    threads: list[object] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted_thread(*args: Any, **kwargs: Any) -> Any:
+        threads.append(args[0])
+        return await run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted_thread)
+    source.prime()
+    assert await _drain(source) == [str(i) for i in range(50)]
+    assert reads == [(False, spool.stat().st_size)]
+    assert threads == []
 
 
 def _writer(release: Path, spool: Path, lines: bytes) -> subprocess.Popen[bytes]:
