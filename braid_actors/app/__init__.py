@@ -18,8 +18,9 @@ from braid_actors.app._service import (
     PROTOCOL_VERSION,
     BraidApp,
     default_home,
+    freeze_long_lived,
     open_app,
-    settle_process,
+    tune_process,
 )
 from braid_actors.app._views import conversation_view, graph_view, run_record
 from braid_actors.app._wire import camel, to_wire, wire
@@ -44,12 +45,13 @@ __all__ = [
     "default_home",
     "error_body",
     "error_reply",
+    "freeze_long_lived",
     "graph_view",
     "open_app",
     "parse",
     "parse_subscribe",
     "run_record",
-    "settle_process",
     "to_wire",
+    "tune_process",
     "wire",
 ]

@@ -355,12 +355,6 @@ def freeze_long_lived() -> None:
     gc.freeze()
 
 
-def settle_process() -> None:
-    """:func:`tune_process` and :func:`freeze_long_lived`, once the app is up."""
-    tune_process()
-    freeze_long_lived()
-
-
 async def open_app(
     home: Path,
     *,
@@ -376,8 +370,7 @@ async def open_app(
 
     With ``settle`` (``braid serve``, ``braid headless``) the process is tuned for Braid
     first (:func:`tune_process`), and what is alive is frozen out of the collector's passes
-    (:func:`freeze_long_lived`) once the graph is loaded, before any run is reconciled, and
-    again once the app is up.
+    (:func:`freeze_long_lived`) once the graph is loaded, before any run is reconciled.
 
     The service actors run under the root supervisor (``one_for_all``): the journal
     service first, then the runs supervisor. A failing service restarts both (the graph

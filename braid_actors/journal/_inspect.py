@@ -6,6 +6,7 @@ may still create its empty ``-wal``/``-shm`` side files, which hold no data) and
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -266,15 +267,22 @@ def open_snapshot(sealer: Sealer, seq: int, nonce: bytes, ciphertext: bytes) -> 
     return SnapshotPayload(payload["version"], seq, payload["state"], checksum)
 
 
+def snapshot_frame(checksum: str, seq: int, version: int) -> tuple[bytes, bytes]:
+    """What comes before and after the state in a snapshot payload: the canonical JSON of
+    ``{"checksum", "seq", "state", "version"}`` with the state (already canonical JSON)
+    spliced in, so the state is encoded once (``Journal.seal_snapshot_json``)."""
+    head = b'{"checksum":' + json.dumps(checksum).encode() + b',"seq":%d,"state":' % seq
+    return head, b',"version":%d}' % version
+
+
 def _spliced_state(plaintext: bytes, seq: int, version: int, checksum: str) -> bytes | None:
-    """The state's own bytes in a payload laid out as ``Journal.seal_snapshot_json`` writes
-    it (the canonical state spliced between the other keys), or None for another layout.
+    """The state's own bytes in a payload laid out by :func:`snapshot_frame`, or None for
+    another layout.
 
     Hashing them checks the checksum without encoding the state again (a restart's load of
     1,000 runs spent 50-90 ms on that); a payload of another layout is checked by encoding.
     """
-    head = b'{"checksum":"' + checksum.encode() + b'","seq":' + str(seq).encode() + b',"state":'
-    tail = b',"version":' + str(version).encode() + b"}"
+    head, tail = snapshot_frame(checksum, seq, version)
     if plaintext.startswith(head) and plaintext.endswith(tail):
         return plaintext[len(head) : len(plaintext) - len(tail)]
     return None

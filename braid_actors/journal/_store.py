@@ -37,7 +37,6 @@ used by one thread at a time; :meth:`Journal.checkpoint` may run concurrently wi
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sqlite3
 import threading
@@ -75,6 +74,7 @@ from ._inspect import (
     open_event,
     open_operation,
     open_snapshot,
+    snapshot_frame,
     sqlite_errors,
     translate_sqlite_error,
 )
@@ -417,22 +417,8 @@ class Journal:
         """Encrypt a snapshot whose state is given as its canonical JSON (any thread)."""
         if type(seq) is not int or seq < 0 or type(version) is not int:
             raise ValueError("a snapshot needs an integer seq >= 0 and an integer version")
-        checksum = digest_bytes(state_json)
-        # canonical JSON of {"checksum", "seq", "state", "version"}, spliced so the state is
-        # encoded once: the keys are in sorted order and state_json is already canonical
-        payload = b"".join(
-            (
-                b'{"checksum":',
-                json.dumps(checksum).encode("ascii"),
-                b',"seq":',
-                str(seq).encode("ascii"),
-                b',"state":',
-                state_json,
-                b',"version":',
-                str(version).encode("ascii"),
-                b"}",
-            )
-        )
+        head, tail = snapshot_frame(digest_bytes(state_json), seq, version)
+        payload = b"".join((head, state_json, tail))
         nonce, ciphertext = self._sealer.seal(payload, snapshot_ad(seq))
         return SealedSnapshot(seq, nonce, ciphertext)
 

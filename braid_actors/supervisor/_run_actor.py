@@ -189,7 +189,7 @@ class RunActor:
         if run.state == "cancelling":
             # The cancel was journaled before the crash; the provider may never have heard.
             self.control.request_cancel(run.cancel_reason or "cancelled by the user")
-        if found is None or not _reattachable(type(found)):
+        if found is None or not _reattachable(found):
             # Its worker can't be followed again: the provider settles it and its own
             # session record decides (see the _reconcile_cli module).
             await reconcile_native(self, found)
@@ -556,14 +556,13 @@ class RunActor:
 _REATTACHABLE: dict[type, bool] = {}
 
 
-def _reattachable(cls: type) -> bool:
-    """Whether providers of ``cls`` are :class:`Reattachable` (asked once per class: a
-    runtime protocol check reads every member, and a restart asks for every run)."""
+def _reattachable(provider: Provider) -> bool:
+    """Whether ``provider`` is :class:`Reattachable`, asked once per class: a runtime
+    protocol check reads every member, and a restart asks for every run."""
+    cls = type(provider)
     known = _REATTACHABLE.get(cls)
     if known is None:
-        known = _REATTACHABLE[cls] = all(
-            callable(getattr(cls, name, None)) for name in ("spool_started", "reattach")
-        )
+        known = _REATTACHABLE[cls] = isinstance(provider, Reattachable)
     return known
 
 

@@ -1,4 +1,4 @@
-"""The interpreter settings the process that runs Braid takes once the app is up."""
+"""The interpreter settings of the process that runs Braid (``open_app(settle=True)``)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ if TYPE_CHECKING:
 
 PROBE = """
 import gc, json, sys
-from braid_actors.app import settle_process
+from braid_actors.app import freeze_long_lived, tune_process
 before = [sys.getswitchinterval(), list(gc.get_threshold()), gc.get_freeze_count()]
-settle_process()
+tune_process()
+freeze_long_lived()
 after = [sys.getswitchinterval(), list(gc.get_threshold()), gc.get_freeze_count()]
 print(json.dumps([before, after]))
 """
 
 
-def test_settle_process_freezes_the_heap_and_sets_the_collector_and_switch_interval() -> None:
+def test_tuning_freezes_the_heap_and_sets_the_collector_and_switch_interval() -> None:
     """In a fresh interpreter (the settings are process-wide): the switch interval and the
     collector's thresholds become Braid's, and what was alive is frozen."""
     done = subprocess.run(
