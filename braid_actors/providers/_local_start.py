@@ -1,11 +1,15 @@
-"""What the local adapter sends its worker to start a turn, and the receipt of the
-portable context it copied (exactly what the worker's own translation keeps)."""
+"""What the local adapter sends its worker to start a turn, the receipt of the portable
+context it copied (exactly what the worker's own translation keeps), and the places among
+the workers starting at once."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
 
 from braid_actors.model import (
     ContextOmission,
@@ -93,3 +97,25 @@ def worker_module_found() -> bool:
     walks the import path: the answer cannot change while this package is loaded.
     """
     return importlib.util.find_spec(LOCAL_WORKER_MODULE) is not None
+
+
+@attrs.define(eq=False)
+class StartPlace:
+    """One place among the workers starting at once, given back exactly once."""
+
+    places: trio.Semaphore
+    held: bool = False
+
+    async def take(self) -> None:
+        await self.places.acquire()
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.places.release()
+
+
+def nothing() -> None:
+    """The default of a callback nobody needs."""
+    return None

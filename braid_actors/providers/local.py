@@ -19,6 +19,7 @@ import functools
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,7 +41,9 @@ from braid_actors.providers._local_fields import (
 from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import (
+    StartPlace,
     context_receipt,
+    nothing,
     start_message,
     worker_module_found,
 )
@@ -78,7 +81,7 @@ from braid_actors.workers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Mapping
 
 
 LOCAL_CAPABILITIES: Final = Capabilities(
@@ -129,6 +132,19 @@ class LocalProvider:
     """The interpreter that runs the worker program."""
     spool_dir: Path | None = None
     """Run spools (default ``<sessions_dir>/spool``): see ``_local_spool``."""
+    start_limit: int = attrs.field(factory=lambda: 2 * (os.cpu_count() or 1))
+    """Most workers starting at once (from spawn to ``hello``); the others wait before
+    they are spawned, so the ``startup`` deadline measures one start, not a crowd of them.
+    """
+
+    def __attrs_post_init__(self) -> None:
+        if self.start_limit < 1:
+            raise ValueError("start_limit must be at least 1")
+
+    @functools.cached_property
+    def starting(self) -> trio.Semaphore:
+        """The workers between spawn and ``hello`` (see :attr:`start_limit`)."""
+        return trio.Semaphore(self.start_limit)
 
     @functools.cached_property
     def spools(self) -> Path:
@@ -174,18 +190,31 @@ class LocalProvider:
             kill_grace=timeouts.kill_grace,
         )
         pipes = control.pipes if control is not None else None
-        async with open_worker(
-            command, env=worker_environment(), policy=policy, pipes=pipes
-        ) as worker:
-            turn = _Turn(
-                timeouts=timeouts, worker=worker, request=request, sink=sink, control=control
-            )
-            try:
-                result = await turn.run()
-            except trio.Cancelled:
-                with trio.CancelScope(shield=True):
-                    await turn.cancel_worker()
-                raise
+        # A worker's start is mostly its interpreter's imports (~0.3 s of CPU): 500 runs
+        # admitted at once spawned 500 of them together, on 2 cores, and some missed the
+        # ``startup`` deadline waiting for a core. Spawns wait for a place instead.
+        gate = StartPlace(self.starting)
+        await gate.take()
+        try:
+            async with open_worker(
+                command, env=worker_environment(), policy=policy, pipes=pipes
+            ) as worker:
+                turn = _Turn(
+                    timeouts=timeouts,
+                    worker=worker,
+                    request=request,
+                    sink=sink,
+                    control=control,
+                    started=gate.give_back,
+                )
+                try:
+                    result = await turn.run()
+                except trio.Cancelled:
+                    with trio.CancelScope(shield=True):
+                        await turn.cancel_worker()
+                    raise
+        finally:
+            gate.give_back()
         # The worker's stderr, bounded: kept with the run as its log artifact.
         return attrs.evolve(result, worker_log=worker.log.text() or None)
 
@@ -295,6 +324,8 @@ class _Turn:
     control: RunControl | None = None
     cancel_sent: bool = False
     start_sent: trio.Event = attrs.Factory(trio.Event)
+    started: Callable[[], None] = nothing
+    """Called once the worker's ``hello`` came (or its start failed)."""
 
     saw_done: bool = False
 
@@ -330,7 +361,10 @@ class _Turn:
             return await self._loop()
         await self.sink.worker_started(WorkerInfo.of(self.worker.info))
         try:
-            hello = await self._receive(self.timeouts.startup)
+            try:
+                hello = await self._receive(self.timeouts.startup)
+            finally:
+                self.started()
             if hello is None:
                 return await self._ended_early()
             if hello["type"] != "hello" or hello.get("protocol") != PROTOCOL_VERSION:

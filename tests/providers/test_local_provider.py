@@ -92,6 +92,17 @@ class RecordingSink:
         return process_gone(ProcessInfo(worker.pid, worker.create_time, worker.pgid, ()))
 
 
+@attrs.define(eq=False)
+class SpawnClock(RecordingSink):
+    """A RecordingSink that also notes when each worker was started, in a shared list."""
+
+    spawned: list[float] = attrs.field(kw_only=True)
+
+    async def worker_started(self, worker: WorkerInfo) -> None:
+        self.spawned.append(trio.current_time())
+        await super().worker_started(worker)
+
+
 def provider(tmp_path: Path, **timeouts: float) -> LocalProvider:
     return LocalProvider(tmp_path / "sessions", timeouts=LocalTimeouts(**timeouts))
 
@@ -510,6 +521,32 @@ async def test_silent_worker_hits_the_startup_deadline(tmp_path: Path) -> None:
     assert result.outcome == "failed"
     assert result.reason == "worker_unresponsive: the local worker sent nothing for 0.5 s"
     assert sink.gone()
+
+
+async def test_workers_start_a_limited_number_at_a_time(tmp_path: Path) -> None:
+    """With ``start_limit`` 1, a second worker is spawned only once the first one's start
+    is over (here: its startup deadline), so each start gets the whole deadline to itself;
+    the place is given back after a failed start, and a third turn still starts."""
+    python = fake_worker(tmp_path, "import time\ntime.sleep(30)\n")
+    timeouts = LocalTimeouts(startup=0.5, cancel_grace=0.2, term_grace=1.0)
+    local = LocalProvider(tmp_path / "sessions", timeouts=timeouts, python=python, start_limit=1)
+    spawned: list[float] = []
+    sinks = [SpawnClock(spawned=spawned) for _ in range(3)]
+
+    async def turn(sink: RecordingSink) -> None:
+        result = await local.run_turn(request(tmp_path, "hi"), sink)
+        assert result.reason == "worker_unresponsive: the local worker sent nothing for 0.5 s"
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for sink in sinks:
+                nursery.start_soon(turn, sink)
+    assert len(spawned) == 3
+    assert spawned[1] - spawned[0] >= 0.45 and spawned[2] - spawned[1] >= 0.45
+    assert local.starting.value == 1
+    assert all(sink.gone() for sink in sinks)
+    with pytest.raises(ValueError, match="start_limit"):
+        LocalProvider(tmp_path / "sessions", start_limit=0)
 
 
 async def test_a_worker_silent_mid_turn_hits_the_idle_deadline(tmp_path: Path) -> None:

@@ -18,12 +18,12 @@ Targets (issue "Supervisor runtime"): supervisor <= 50% of one core, p99 <= 20 m
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import gc
 import os
 import shutil
-import statistics
 import tempfile
 import threading
 import time
@@ -110,6 +110,9 @@ def _thread_cpu(me: psutil.Process) -> dict[str, float]:
         out[name] = out.get(name, 0.0) + t.user_time + t.system_time
         out[name + "/sys"] = out.get(name + "/sys", 0.0) + t.system_time
     return out
+
+
+_ENDED = frozenset({"succeeded", "failed", "cancelled", "unknown"})
 
 
 def _idle_ready(app: BraidApp, run_id: str) -> bool:
@@ -207,6 +210,13 @@ async def concurrent(
                 run_ids.append(sent["runId"])
             with trio.fail_after(margin + 600):
                 while sum(1 for r in run_ids if _idle_ready(app, r)) < n_runs:
+                    ended = collections.Counter(
+                        f"{run.state} ({run.outcome and run.outcome.reason})"
+                        for run in map(app.run, run_ids)
+                        if run.state in _ENDED and not run.provider_session_id
+                    )
+                    if ended:  # it would never be idle: say why instead of waiting it out
+                        raise RuntimeError(f"runs ended before they started: {dict(ended)}")
                     await app.changed()
             started_all = time.perf_counter() - t0
             late = time.time() > start_line
@@ -233,13 +243,17 @@ async def concurrent(
                 await call(app, "wait_run", {"runId": r, "timeoutS": 600})
             expected = int(seconds * rate)
             lost = 0
+            short: collections.Counter[str] = collections.Counter()
             for r in run_ids:
                 run = app.run(r)
                 msg = app.state.messages[run.assistant_message_id or ""]
                 texts = [p.text for p in msg.parts if isinstance(p, TextPart)]
                 got = texts[0].count(".") if texts else 0
                 lost += max(0, expected - got)
-            states = statistics.multimode([app.run(r).state for r in run_ids])
+                if got < expected:
+                    why = run.outcome and (run.outcome.kind, run.outcome.reason)
+                    short[f"{run.state} {why}: {got}/{expected}"] += 1
+            states = dict(collections.Counter(app.run(r).state for r in run_ids))
             await app.shutdown(drain=True)
             nursery.cancel_scope.cancel()
     finally:
@@ -277,6 +291,7 @@ async def concurrent(
         "late": late,
         "streaming": streaming,
         "lost": lost,
+        "short": dict(short.most_common(8)),
         "states": states,
     }
 
@@ -516,6 +531,7 @@ def main(argv: list[str]) -> int:
         print(
             f"    events lost {a['lost']} (target 0) {'PASS' if a['lost'] == 0 else 'MISS'}; "
             f"final states {a['states']}"
+            + (f"; runs short (state outcome: got/expected): {a['short']}" if a["short"] else "")
         )
     b = trio.run(restart, args.events, args.active)
     print(
