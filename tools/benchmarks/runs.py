@@ -81,6 +81,7 @@ class _GcClock:
     def __init__(self) -> None:
         self.total = 0.0
         self.longest = 0.0
+        self.longest_generation = -1
         self._began = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -89,7 +90,8 @@ class _GcClock:
         else:
             took = time.perf_counter() - self._began
             self.total += took
-            self.longest = max(self.longest, took)
+            if took > self.longest:
+                self.longest, self.longest_generation = took, info["generation"]
 
 
 def _main_thread_cpu(me: psutil.Process) -> float:
@@ -233,6 +235,7 @@ async def concurrent(
             load0 = _cpu_of(workers)
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
+            gc_longest = (gc_clock.longest, gc_clock.longest_generation)
             loop1 = _main_thread_cpu(me)
             threads1 = _thread_cpu(me)
             load1 = _cpu_of(workers)
@@ -268,7 +271,8 @@ async def concurrent(
         "commits_per_s": len(commit_window) / (w1 - w0),
         "commit_p50_ms": _pct(commit_window, 0.50) * 1000 if commit_window else float("nan"),
         "commit_p99_ms": _pct(commit_window, 0.99) * 1000 if commit_window else float("nan"),
-        "gc_longest_ms": gc_clock.longest * 1000,
+        "gc_longest_ms": gc_longest[0] * 1000,
+        "gc_longest_generation": gc_longest[1],
         "loop_share": (loop1 - loop0) / (w1 - w0),
         "thread_shares": {
             name: (cpu - threads0.get(name, 0.0)) / (w1 - w0)
@@ -501,7 +505,8 @@ def main(argv: list[str]) -> int:
             f"    supervisor CPU {a['cpu_share'] * 100:.0f}% of one core "
             f"(target <= 50%) {cpu_verdict}; of it the event loop's thread "
             f"{a['loop_share'] * 100:.0f}%, the garbage collector "
-            f"{a['gc_share'] * 100:.1f}% (longest pass {a['gc_longest_ms']:.0f} ms); "
+            f"{a['gc_share'] * 100:.1f}% (longest pass {a['gc_longest_ms']:.0f} ms, generation "
+            f"{a['gc_longest_generation']}); "
             f"the worker processes used {a['workers_cores']:.2f} of the "
             f"{os.cpu_count()} cores meanwhile"
         )
