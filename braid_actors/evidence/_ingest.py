@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from ._policy import CapturePolicy
     from ._redact import Redactor
 
+    Write = Callable[[Callable[[], AbstractContextManager[object]]], IngestReport]
+    """Writes a prepared file inside the ``turn()`` it is given (see :meth:`Ingest.prepare`)."""
+
 
 @attrs.define(eq=False)
 class Ingest(Rows):
@@ -66,6 +69,29 @@ class Ingest(Rows):
         """Read, parse and prepare ``path`` under ``policy`` (the run's policy as read before
         the pass, for ``wanted``), then write it in one transaction entered inside ``turn()``
         (see ``_parallel``: a file waits there for the files before it).
+        """
+        write = self.prepare(
+            path,
+            run_id=run_id,
+            harness=harness,
+            policy=policy,
+            wanted=wanted,
+            resume_offset=resume_offset,
+        )
+        return write(turn)
+
+    def prepare(
+        self,
+        path: Path,
+        *,
+        run_id: str,
+        harness: str | None,
+        policy: CapturePolicy,
+        wanted: CapturePolicy | None,
+        resume_offset: int | None,
+    ) -> Write:
+        """The first half of :meth:`run`: read, parse and prepare ``path`` now; the function
+        returned writes it, in one transaction entered inside the ``turn()`` it is given.
 
         The file is prepared before the transaction, from what the database said then; inside
         it the run's policy and the file's rows are read again, and a file whose inputs
@@ -75,20 +101,29 @@ class Ingest(Rows):
         path_key = self.path_key(path, harness)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
-            with turn(), transaction(self.conn):
-                chosen = run_policy(self.conn, run_id, wanted)
-                return unparsed(self, run_id, path_key, path.stem, harness, chosen, "no_input")
-        except OSError:
-            with turn(), transaction(self.conn):
-                chosen = run_policy(self.conn, run_id, wanted)
-                return unparsed(self, run_id, path_key, path.stem, harness, chosen, "unreadable")
+        except OSError as exc:
+            why = "no_input" if isinstance(exc, FileNotFoundError) else "unreadable"
+
+            def write_unread(turn: Callable[[], AbstractContextManager[object]]) -> IngestReport:
+                with turn(), transaction(self.conn):
+                    chosen = run_policy(self.conn, run_id, wanted)
+                    return unparsed(self, run_id, path_key, path.stem, harness, chosen, why)
+
+            return write_unread
         split = split_lines(data)
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
-            with turn(), transaction(self.conn):
-                chosen = run_policy(self.conn, run_id, wanted)
-                return unsupported(self, run_id, path_key, path.stem, detected, chosen, split, data)
+
+            def write_unsupported(
+                turn: Callable[[], AbstractContextManager[object]],
+            ) -> IngestReport:
+                with turn(), transaction(self.conn):
+                    chosen = run_policy(self.conn, run_id, wanted)
+                    return unsupported(
+                        self, run_id, path_key, path.stem, detected, chosen, split, data
+                    )
+
+            return write_unsupported
 
         def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Ready]:
             done = prepare(
@@ -107,12 +142,16 @@ class Ingest(Rows):
 
         files = file_rows(self.conn, run_id, path_key)
         prepared, counted = prepared_with(policy, files)
-        with turn(), transaction(self.conn):
-            chosen = run_policy(self.conn, run_id, wanted)
-            files_now = file_rows(self.conn, run_id, path_key)
-            if chosen != policy or files_now != files:
-                prepared, counted = prepared_with(chosen, files_now)
-            return self.store(run_id, prepared, counted)
+
+        def write(turn: Callable[[], AbstractContextManager[object]]) -> IngestReport:
+            with turn(), transaction(self.conn):
+                chosen = run_policy(self.conn, run_id, wanted)
+                files_now = file_rows(self.conn, run_id, path_key)
+                if chosen != policy or files_now != files:
+                    return self.store(run_id, *prepared_with(chosen, files_now))
+                return self.store(run_id, prepared, counted)
+
+        return write
 
     def path_key(self, path: Path, harness: str | None) -> str:
         """The file's redacted absolute path (checking ``harness`` first)."""

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
     from types import TracebackType
 
+    from ._ingest import Write
     from ._rows import IngestReport
     from ._runtime import ProcessObservation
 
@@ -159,7 +160,8 @@ class EvidenceStore:
                 yield one(path, nullcontext)
             return
         with self.checkpoints_deferred():
-            yield from ingest_in_order(one, job, count, self.checkpoint)
+            prepare = functools.partial(self.prepare_for_turn, job=job)
+            yield from ingest_in_order(prepare, job, count, self.checkpoint)
 
     @contextmanager
     def checkpoints_deferred(self) -> Iterator[None]:
@@ -184,9 +186,12 @@ class EvidenceStore:
         self, path: str, turn: Callable[[], AbstractContextManager[object]], *, job: Job
     ) -> IngestReport:
         """``ingest`` of one of ``job``'s files, written inside ``turn()`` (``_parallel``)."""
-        return self._ingest(
-            Path(path), job.run_id, job.harness, job.policy, job.resume_offset, turn
-        )
+        return self.prepare_for_turn(path, job=job)(turn)
+
+    def prepare_for_turn(self, path: str, *, job: Job) -> Write:
+        """The first half of :meth:`ingest_with_turn`: prepare one of ``job``'s files now;
+        the function returned writes it inside the ``turn()`` it is given."""
+        return self._prepare(Path(path), job.run_id, job.harness, job.policy, job.resume_offset)
 
     def _ingest(
         self,
@@ -197,22 +202,37 @@ class EvidenceStore:
         resume_offset: int | None,
         turn: Callable[[], AbstractContextManager[object]],
     ) -> IngestReport:
+        return self._prepare(path, run_id, harness, policy, resume_offset)(turn)
+
+    def _prepare(
+        self,
+        path: Path,
+        run_id: str,
+        harness: str | None,
+        policy: str | CapturePolicy | None,
+        resume_offset: int | None,
+    ) -> Write:
         with self._guard():
             wanted = make_policy(policy) if isinstance(policy, str) else policy
             chosen = run_policy(self._conn, run_id, wanted)
-            report = Ingest(
+            write = Ingest(
                 self._conn, self._redactor, _runtime.now_text(), objects=self._objects
-            ).run(
+            ).prepare(
                 path,
                 run_id=run_id,
                 harness=harness,
                 policy=chosen,
                 wanted=wanted,
                 resume_offset=resume_offset,
-                turn=turn,
             )
-            self._analyzed_rows = refresh_statistics(self._conn, self._analyzed_rows)
-            return report
+
+        def written(turn: Callable[[], AbstractContextManager[object]]) -> IngestReport:
+            with self._guard():
+                report = write(turn)
+                self._analyzed_rows = refresh_statistics(self._conn, self._analyzed_rows)
+                return report
+
+        return written
 
     # ---- reads -----------------------------------------------------------------------
 

@@ -8,9 +8,12 @@ coverage ids left out, so rows, their order (primary keys) and every body must b
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import sqlite3
+import threading
+import time
 from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +21,13 @@ import pytest
 
 from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_count
-from braid_actors.evidence._parallel import Job
+from braid_actors.evidence._parallel import AHEAD_FILES, Job, Turns, _work
 
 from ._helpers import FIXTURES
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
 RUN = "run_parallel"
@@ -201,3 +205,48 @@ def test_worker_count(tmp_path: Path) -> None:
     assert worker_count([str(big), str(small), missing], None) == min(cpus, 3)
     assert worker_count([str(small)], 4) == 1
     assert worker_count([str(small), missing], 4) == 2
+
+
+def test_a_process_waiting_for_its_turn_prepares_the_files_after_it(tmp_path: Path) -> None:
+    """While another process still holds file 0, a process prepares files 1, 2, ... up to
+    AHEAD_FILES of them (no more), and once file 0 is committed writes them, and the rest,
+    in file order."""
+    paths = []
+    for i in range(AHEAD_FILES + 4):
+        path = tmp_path / f"f{i:02d}.jsonl"
+        path.write_bytes(b"{}\n")
+        paths.append(str(path))
+    turns = Turns(multiprocessing.get_context("spawn"), len(paths))
+    assert turns.claim() == 0  # another process took file 0 and is still preparing it
+    events: list[tuple[str, int]] = []
+    outcomes: dict[int, Any] = {}
+
+    def prepare(path: str) -> Callable[[Callable[[], AbstractContextManager[object]]], Any]:
+        index = paths.index(path)
+        events.append(("prepare", index))
+
+        def write(turn: Callable[[], AbstractContextManager[object]]) -> Any:
+            with turn():
+                events.append(("write", index))
+            return f"report {index}"
+
+        return write
+
+    worker = threading.Thread(
+        target=_work,
+        args=(prepare, paths, turns, lambda: True, outcomes.__setitem__, lambda: None),
+    )
+    worker.start()
+    deadline = time.monotonic() + 30
+    while len(events) < AHEAD_FILES and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # and it goes no further while file 0 is held
+    assert events == [("prepare", i) for i in range(1, AHEAD_FILES + 1)]
+    with turns.turn(0, lambda: True):
+        pass  # the other process writes file 0
+    worker.join(30)
+    assert not worker.is_alive()
+    assert [i for kind, i in events if kind == "write"] == list(range(1, len(paths)))
+    assert sorted(i for kind, i in events if kind == "prepare") == list(range(1, len(paths)))
+    assert outcomes == {i: f"report {i}" for i in range(1, len(paths))}
+    assert turns.finished() == len(paths)
