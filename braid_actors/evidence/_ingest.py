@@ -20,7 +20,6 @@ adds its new records. An incomplete last line is ``deferred`` and the cursor sto
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -39,6 +38,7 @@ from ._unparsed import unparsed, unsupported
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from ._parsed import Outcome
@@ -55,31 +55,6 @@ class Ingest(Rows):
 
     objects: ObjectStore = attrs.field(kw_only=True)
 
-    def run(
-        self,
-        path: Path,
-        *,
-        run_id: str,
-        harness: str | None,
-        policy: CapturePolicy,
-        wanted: CapturePolicy | None,
-        resume_offset: int | None,
-        turn: Callable[[], AbstractContextManager[object]] = nullcontext,
-    ) -> IngestReport:
-        """Read, parse and prepare ``path`` under ``policy`` (the run's policy as read before
-        the pass, for ``wanted``), then write it in one transaction entered inside ``turn()``
-        (see ``_parallel``: a file waits there for the files before it).
-        """
-        write = self.prepare(
-            path,
-            run_id=run_id,
-            harness=harness,
-            policy=policy,
-            wanted=wanted,
-            resume_offset=resume_offset,
-        )
-        return write(turn)
-
     def prepare(
         self,
         path: Path,
@@ -90,8 +65,10 @@ class Ingest(Rows):
         wanted: CapturePolicy | None,
         resume_offset: int | None,
     ) -> Write:
-        """The first half of :meth:`run`: read, parse and prepare ``path`` now; the function
-        returned writes it, in one transaction entered inside the ``turn()`` it is given.
+        """Read, parse and prepare ``path`` under ``policy`` (the run's policy as read before
+        the pass, for ``wanted``) now; the function returned writes it, in one transaction
+        entered inside the ``turn()`` it is given (see ``_parallel``: a file waits there for
+        the files before it).
 
         The file is prepared before the transaction, from what the database said then; inside
         it the run's policy and the file's rows are read again, and a file whose inputs

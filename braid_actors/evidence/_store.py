@@ -123,7 +123,7 @@ class EvidenceStore:
             resume_offset = 0 if resume_offset is None else resume_offset
         else:
             _check_run_id(run_id)
-        return self._ingest(Path(path), run_id, harness, policy, resume_offset, nullcontext)
+        return self._prepare(Path(path), run_id, harness, policy, resume_offset)(nullcontext)
 
     def ingest_many(
         self,
@@ -192,17 +192,6 @@ class EvidenceStore:
         """The first half of :meth:`ingest_with_turn`: prepare one of ``job``'s files now;
         the function returned writes it inside the ``turn()`` it is given."""
         return self._prepare(Path(path), job.run_id, job.harness, job.policy, job.resume_offset)
-
-    def _ingest(
-        self,
-        path: Path,
-        run_id: str,
-        harness: str | None,
-        policy: str | CapturePolicy | None,
-        resume_offset: int | None,
-        turn: Callable[[], AbstractContextManager[object]],
-    ) -> IngestReport:
-        return self._prepare(path, run_id, harness, policy, resume_offset)(turn)
 
     def _prepare(
         self,
