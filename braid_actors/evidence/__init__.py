@@ -15,25 +15,72 @@ with EvidenceStore.open(home) as store:
     page = store.entries("run_…", kind="tool_call", limit=50)
     store.content("run_…", page["entries"][0]["content"]["ref"])
 ```
+
+The names below are loaded on first use (PEP 562): an ingest worker process (see
+``_parallel``) imports this package too, and needs neither the HTTP server nor trio.
 """
 
-from braid_actors.evidence._coverage import COUNT_KEYS
-from braid_actors.evidence._detect import HARNESSES
-from braid_actors.evidence._http import (
-    EvidenceApp,
-    EvidenceServer,
-    ensure_token,
-    make_app,
-    serve_evidence,
-)
-from braid_actors.evidence._objects import MAX_OBJECT_BYTES
-from braid_actors.evidence._paging import ENTRY_KINDS
-from braid_actors.evidence._parallel import PARALLEL_MIN_BYTES, worker_count
-from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
-from braid_actors.evidence._redact import Redactor
-from braid_actors.evidence._rows import IngestReport, SourceReport
-from braid_actors.evidence._runtime import ProcessObservation
-from braid_actors.evidence._store import EvidenceStore
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from braid_actors.evidence._coverage import COUNT_KEYS
+    from braid_actors.evidence._detect import HARNESSES
+    from braid_actors.evidence._http import (
+        EvidenceApp,
+        EvidenceServer,
+        ensure_token,
+        make_app,
+        serve_evidence,
+    )
+    from braid_actors.evidence._objects import MAX_OBJECT_BYTES
+    from braid_actors.evidence._paging import ENTRY_KINDS
+    from braid_actors.evidence._parallel import PARALLEL_MIN_BYTES, worker_count
+    from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
+    from braid_actors.evidence._redact import Redactor
+    from braid_actors.evidence._rows import IngestReport, SourceReport
+    from braid_actors.evidence._runtime import ProcessObservation
+    from braid_actors.evidence._store import EvidenceStore
+
+_SOURCES: dict[str, str] = {
+    "COUNT_KEYS": "braid_actors.evidence._coverage",
+    "HARNESSES": "braid_actors.evidence._detect",
+    "EvidenceApp": "braid_actors.evidence._http",
+    "EvidenceServer": "braid_actors.evidence._http",
+    "ensure_token": "braid_actors.evidence._http",
+    "make_app": "braid_actors.evidence._http",
+    "serve_evidence": "braid_actors.evidence._http",
+    "MAX_OBJECT_BYTES": "braid_actors.evidence._objects",
+    "ENTRY_KINDS": "braid_actors.evidence._paging",
+    "PARALLEL_MIN_BYTES": "braid_actors.evidence._parallel",
+    "worker_count": "braid_actors.evidence._parallel",
+    "PRESETS": "braid_actors.evidence._policy",
+    "CapturePolicy": "braid_actors.evidence._policy",
+    "make_policy": "braid_actors.evidence._policy",
+    "Redactor": "braid_actors.evidence._redact",
+    "IngestReport": "braid_actors.evidence._rows",
+    "SourceReport": "braid_actors.evidence._rows",
+    "ProcessObservation": "braid_actors.evidence._runtime",
+    "EvidenceStore": "braid_actors.evidence._store",
+}
+"""Where each public name lives."""
+
+
+if (
+    not typing.TYPE_CHECKING
+):  # the type checker reads the imports above, so a wrong name stays an error
+
+    def __getattr__(name: str) -> typing.Any:
+        module = _SOURCES.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = [
     "COUNT_KEYS",

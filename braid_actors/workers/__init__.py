@@ -9,12 +9,10 @@ too, and it needs none of the supervisor's side (psutil, the observation hub, co
 whose import was two thirds of every local worker's start-up CPU.
 """
 
-from __future__ import annotations
-
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from braid_actors.workers._controls import (
         UNSTOPPABLE,
         ControlAction,
@@ -147,9 +145,11 @@ _SOURCES: dict[str, str] = {
 """Where each public name lives."""
 
 
-if not TYPE_CHECKING:  # the type checker reads the imports above, so a wrong name stays an error
+if (
+    not typing.TYPE_CHECKING
+):  # the type checker reads the imports above, so a wrong name stays an error
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> typing.Any:
         module = _SOURCES.get(name)
         if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

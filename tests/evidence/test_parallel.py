@@ -250,3 +250,27 @@ def test_a_process_waiting_for_its_turn_prepares_the_files_after_it(tmp_path: Pa
     assert sorted(i for kind, i in events if kind == "prepare") == list(range(1, len(paths)))
     assert outcomes == {i: f"report {i}" for i in range(1, len(paths))}
     assert turns.finished() == len(paths)
+
+
+def test_an_ingest_worker_loads_no_server_side() -> None:
+    """What a spawned ingest worker imports (``_parallel`` and the store) loads neither the
+    HTTP server nor trio: its start-up is time the ingest waits for; every public name of
+    the package still resolves."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, braid_actors.evidence._parallel, braid_actors.evidence._store\n"
+        "print(sorted(m for m in ('trio', 'hypercorn', 'braid_actors.evidence._http')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+    import braid_actors.evidence as evidence
+
+    for name in evidence.__all__:
+        assert getattr(evidence, name) is not None
+    with pytest.raises(AttributeError):
+        _ = evidence.no_such_name  # type: ignore[attr-defined]
