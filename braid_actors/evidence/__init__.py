@@ -66,9 +66,8 @@ _SOURCES: dict[str, str] = {
 """Where each public name lives."""
 
 
-if (
-    not typing.TYPE_CHECKING
-):  # the type checker reads the imports above, so a wrong name stays an error
+# The type checker reads the imports above, so a wrong name stays an error.
+if not typing.TYPE_CHECKING:
 
     def __getattr__(name: str) -> typing.Any:
         module = _SOURCES.get(name)
