@@ -9,15 +9,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
-from braid_actors.app import (
-    DEFAULT_DRAIN_GRACE,
-    default_home,
-    error_body,
-    open_app,
-)
 from braid_actors.errors import BadRequest, BraidError
+
+# The application (and trio) are imported by the commands that run it: a process that
+# only imports this module, as each worker of a parallel ``braid evidence ingest`` does
+# (multiprocessing loads the parent's main script in every spawned worker), needs neither.
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -36,6 +32,8 @@ def _max_active_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from braid_actors.app import DEFAULT_DRAIN_GRACE
+
     parser = argparse.ArgumentParser(prog="braid", description="Supervise coding-agent runs.")
     parser.add_argument("--home", type=Path, help="Braid home (default $BRAID_HOME or ~/.braid)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +81,9 @@ def _max_active(value: int | None, env: Mapping[str, str]) -> int | None:
 
 
 async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> None:
+    import trio
+
+    from braid_actors.app import open_app
     from braid_actors.cli.client import run_client
     from braid_actors.cli.daemon import connect
     from braid_actors.cli.headless import run_headless
@@ -101,6 +102,8 @@ async def _headless(home: Path, *, in_process: bool, max_active: int | None) -> 
 
 
 def _serve(home: Path, args: argparse.Namespace) -> None:
+    import trio
+
     from braid_actors.cli.daemon import ServeOptions, serve
 
     options = ServeOptions(
@@ -139,12 +142,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise found from None
     except BraidError as exc:
+        from braid_actors.app import error_body
+
         body = error_body(exc)
         print(f"braid: {body['message']} ({body['code']})", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
+    import trio
+
+    from braid_actors.app import default_home
+
     if args.command == "demo":
         from braid_actors.cli.demo import run_demo
 

@@ -274,3 +274,21 @@ def test_an_ingest_worker_loads_no_server_side() -> None:
         assert getattr(evidence, name) is not None
     with pytest.raises(AttributeError):
         _ = evidence.no_such_name  # type: ignore[attr-defined]
+
+
+def test_the_braid_command_module_imports_no_application() -> None:
+    """Each worker of a parallel ``braid evidence ingest`` loads the parent's main script,
+    which imports ``braid_actors.cli.main``: that import loads neither the application nor
+    trio (they are imported by the commands that run them)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, braid_actors.cli.main\n"
+        "print(sorted(m for m in ('trio', 'braid_actors.app', 'braid_actors.supervisor')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
