@@ -1,5 +1,6 @@
 """The provider port and its adapters (``local`` is the embedded default)."""
 
+from braid_actors.providers._local_start import LocalTimeouts
 from braid_actors.providers._port import (
     Capabilities,
     ContextMessage,
@@ -30,7 +31,7 @@ from braid_actors.providers.claude_code import (
     ClaudeTimeouts,
 )
 from braid_actors.providers.codex import CODEX_CAPABILITIES, CodexProvider, CodexTimeouts
-from braid_actors.providers.local import LOCAL_CAPABILITIES, LocalProvider, LocalTimeouts
+from braid_actors.providers.local import LOCAL_CAPABILITIES, LocalProvider
 
 __all__ = [
     "CLAUDE_CODE_CAPABILITIES",

@@ -1,6 +1,6 @@
-"""What the local adapter sends its worker to start a turn, the receipt of the portable
-context it copied (exactly what the worker's own translation keeps), and the places among
-the workers starting at once."""
+"""The local adapter's deadlines, what it sends its worker to start a turn, the receipt of
+the portable context it copied (exactly what the worker's own translation keeps), and the
+places among the workers starting at once."""
 
 from __future__ import annotations
 
@@ -21,6 +21,30 @@ from braid_actors.workers import LOCAL_WORKER_MODULE, native_text, unstructure_p
 
 if TYPE_CHECKING:
     from braid_actors.providers._port import PortableContext, TurnRequest
+
+
+@attrs.frozen
+class LocalTimeouts:
+    """Deadlines (seconds) for everything the provider waits for from its worker."""
+
+    startup: float = 15.0
+    """From spawn to ``hello``."""
+    idle: float = 120.0
+    """Between two worker messages (``?sleep`` streams at least every 0.25 s)."""
+    shell: float = 30.0
+    """Passed to the worker: how long one ``!`` shell command may run."""
+    cancel_grace: float = 3.0
+    """After ``cancel``, for the worker's ``done`` and exit."""
+    exit_grace: float = 5.0
+    """After ``done``, for the worker to exit by itself."""
+    term_grace: float = 2.0
+    """After SIGTERM to the worker's group."""
+    kill_grace: float = 2.0
+    """After SIGKILL to the worker's group."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.idle <= self.shell:
+            raise ValueError("the idle deadline must be longer than the shell time limit")
 
 
 def start_message(request: TurnRequest) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from braid_actors.providers._local_fields import (
 from braid_actors.providers._local_reconcile import reconcile_local
 from braid_actors.providers._local_spool import QuietSink, SpoolSource, spool_began
 from braid_actors.providers._local_start import (
+    LocalTimeouts,
     StartPlace,
     context_receipt,
     nothing,
@@ -98,36 +99,12 @@ context, asks permission before shell commands, estimates tokens and reports a r
 _OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
 
 
-@attrs.frozen
-class LocalTimeouts:
-    """Deadlines (seconds) for everything the provider waits for from its worker."""
-
-    startup: float = 15.0
-    """From spawn to ``hello``."""
-    idle: float = 120.0
-    """Between two worker messages (``?sleep`` streams at least every 0.25 s)."""
-    shell: float = 30.0
-    """Passed to the worker: how long one ``!`` shell command may run."""
-    cancel_grace: float = 3.0
-    """After ``cancel``, for the worker's ``done`` and exit."""
-    exit_grace: float = 5.0
-    """After ``done``, for the worker to exit by itself."""
-    term_grace: float = 2.0
-    """After SIGTERM to the worker's group."""
-    kill_grace: float = 2.0
-    """After SIGKILL to the worker's group."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.idle <= self.shell:
-            raise ValueError("the idle deadline must be longer than the shell time limit")
-
-
 @attrs.define(eq=False)
 class LocalProvider:
     """The ``local`` runner; sessions live in ``sessions_dir`` as ``<session_id>.jsonl``."""
 
     sessions_dir: Path
-    timeouts: LocalTimeouts = LocalTimeouts()
+    timeouts: LocalTimeouts = attrs.Factory(LocalTimeouts)
     python: str = sys.executable
     """The interpreter that runs the worker program."""
     spool_dir: Path | None = None
