@@ -29,6 +29,16 @@ def test_public_names_are_exported_once_and_resolve(name: str) -> None:
         assert hasattr(module, item), f"{name} lists {item} but does not define it"
 
 
+@pytest.mark.parametrize("name", PACKAGES)
+def test_an_unknown_name_is_an_error_and_dir_lists_every_export(name: str) -> None:
+    """Eager or loaded on first use (PEP 562), a package answers alike: a name it does not
+    export is an AttributeError, and ``dir`` lists every export before it is used."""
+    module = importlib.import_module(name)
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError):
+        _ = module.no_such_name
+
+
 def test_errors_have_unique_stable_codes() -> None:
     """Each error class has its own snake_case code (subclasses never silently share one)."""
     from braid_actors import errors

@@ -9,8 +9,9 @@ too, and it needs none of the supervisor's side (psutil, the observation hub, co
 whose import was two thirds of every local worker's start-up CPU.
 """
 
-import importlib
 import typing
+
+from braid_actors import _lazy
 
 if typing.TYPE_CHECKING:
     from braid_actors.workers._controls import (
@@ -147,17 +148,7 @@ _SOURCES: dict[str, str] = {
 
 # The type checker reads the imports above, so a wrong name stays an error.
 if not typing.TYPE_CHECKING:
-
-    def __getattr__(name: str) -> typing.Any:
-        module = _SOURCES.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_SOURCES))
+    __getattr__, __dir__ = _lazy.names(__name__, _SOURCES)
 
 
 __all__ = [

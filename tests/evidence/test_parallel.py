@@ -22,6 +22,7 @@ import pytest
 from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_count
 from braid_actors.evidence._parallel import AHEAD_FILES, Job, Turns, _work
+from tests._imports import loaded_after
 
 from ._helpers import FIXTURES
 
@@ -254,41 +255,15 @@ def test_a_process_waiting_for_its_turn_prepares_the_files_after_it(tmp_path: Pa
 
 def test_an_ingest_worker_loads_no_server_side() -> None:
     """What a spawned ingest worker imports (``_parallel`` and the store) loads neither the
-    HTTP server nor trio: its start-up is time the ingest waits for; every public name of
-    the package still resolves."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys, braid_actors.evidence._parallel, braid_actors.evidence._store\n"
-        "print(sorted(m for m in ('trio', 'hypercorn', 'braid_actors.evidence._http')"
-        " if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert out.stdout.strip() == "[]"
-    import braid_actors.evidence as evidence
-
-    for name in evidence.__all__:
-        assert getattr(evidence, name) is not None
-    with pytest.raises(AttributeError):
-        _ = evidence.no_such_name  # type: ignore[attr-defined]
+    HTTP server nor trio: its start-up is time the ingest waits for."""
+    modules = ("braid_actors.evidence._parallel", "braid_actors.evidence._store")
+    watched = ("trio", "hypercorn", "braid_actors.evidence._http")
+    assert loaded_after(modules, watched) == []
 
 
 def test_the_braid_command_module_imports_no_application() -> None:
     """Each worker of a parallel ``braid evidence ingest`` loads the parent's main script,
     which imports ``braid_actors.cli.main``: that import loads neither the application nor
     trio (they are imported by the commands that run them)."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys, braid_actors.cli.main\n"
-        "print(sorted(m for m in ('trio', 'braid_actors.app', 'braid_actors.supervisor')"
-        " if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert out.stdout.strip() == "[]"
+    watched = ("trio", "braid_actors.app", "braid_actors.supervisor")
+    assert loaded_after(("braid_actors.cli.main",), watched) == []

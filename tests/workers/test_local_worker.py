@@ -27,6 +27,7 @@ from braid_actors.workers import (
     session_path,
     worker_environment,
 )
+from tests._imports import loaded_after
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -554,26 +555,10 @@ def test_public_names_are_exported_once() -> None:
 def test_worker_program_loads_no_supervisor_side() -> None:
     """The worker program's start-up loads none of the supervisor's modules (psutil, the
     observation hub, the controls): 500 workers starting at once paid for them in CPU."""
-    import subprocess
-
-    probe = (
-        "import sys, braid_actors.workers.local\n"
-        "print(sorted(m for m in ('psutil', 'braid_actors.workers._controls',"
-        " 'braid_actors.workers._hub', 'braid_actors.workers._process') if m in sys.modules))"
+    watched = (
+        "psutil",
+        "braid_actors.workers._controls",
+        "braid_actors.workers._hub",
+        "braid_actors.workers._process",
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert out.stdout.strip() == "[]"
-
-
-def test_workers_package_names_load_on_first_use() -> None:
-    """Every public name of ``braid_actors.workers`` resolves, and an unknown one is an
-    AttributeError, as with eager imports."""
-    import braid_actors.workers as workers
-
-    for name in workers.__all__:
-        assert getattr(workers, name) is not None
-    assert set(workers.__all__) <= set(dir(workers))
-    with pytest.raises(AttributeError):
-        _ = workers.no_such_name  # type: ignore[attr-defined]
+    assert loaded_after(("braid_actors.workers.local",), watched) == []
