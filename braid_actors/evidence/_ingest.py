@@ -76,31 +76,31 @@ class Ingest(Rows):
         what is written always rests on what the transaction reads.
         """
         path_key = self.path_key(path, harness)
+
+        def report_only(report: Callable[[CapturePolicy], IngestReport]) -> Write:
+            """A pass that stores no entries: only its report, under the run's policy."""
+
+            def write(turn: Callable[[], AbstractContextManager[object]]) -> IngestReport:
+                with turn(), transaction(self.conn):
+                    return report(run_policy(self.conn, run_id, wanted))
+
+            return write
+
         try:
             data = path.read_bytes()
         except OSError as exc:
             why = "no_input" if isinstance(exc, FileNotFoundError) else "unreadable"
-
-            def write_unread(turn: Callable[[], AbstractContextManager[object]]) -> IngestReport:
-                with turn(), transaction(self.conn):
-                    chosen = run_policy(self.conn, run_id, wanted)
-                    return unparsed(self, run_id, path_key, path.stem, harness, chosen, why)
-
-            return write_unread
+            return report_only(
+                lambda chosen: unparsed(self, run_id, path_key, path.stem, harness, chosen, why)
+            )
         split = split_lines(data)
         detected = harness or detect(split, data)
         if detected is None or detected in UNSUPPORTED:
-
-            def write_unsupported(
-                turn: Callable[[], AbstractContextManager[object]],
-            ) -> IngestReport:
-                with turn(), transaction(self.conn):
-                    chosen = run_policy(self.conn, run_id, wanted)
-                    return unsupported(
-                        self, run_id, path_key, path.stem, detected, chosen, split, data
-                    )
-
-            return write_unsupported
+            return report_only(
+                lambda chosen: unsupported(
+                    self, run_id, path_key, path.stem, detected, chosen, split, data
+                )
+            )
 
         def prepared_with(chosen: CapturePolicy, files: FileRows) -> tuple[Prepared, Ready]:
             done = prepare(

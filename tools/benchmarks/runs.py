@@ -115,9 +115,6 @@ def _thread_cpu(me: psutil.Process) -> dict[str, float]:
     return out
 
 
-_ENDED = frozenset({"succeeded", "failed", "cancelled", "unknown"})
-
-
 def _idle_ready(app: BraidApp, run_id: str) -> bool:
     """The run is admitted, its worker started and its session reported: an idle run."""
     run = app.run(run_id)
@@ -224,7 +221,7 @@ async def concurrent(
                     ended = collections.Counter(
                         f"{run.state} ({run.outcome and run.outcome.reason})"
                         for run in map(app.run, run_ids)
-                        if run.state in _ENDED and not run.provider_session_id
+                        if graph.is_terminal(run.state) and not run.provider_session_id
                     )
                     if ended:  # it would never be idle: say why instead of waiting it out
                         raise RuntimeError(f"runs ended before they started: {dict(ended)}")
