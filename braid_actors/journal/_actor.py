@@ -85,7 +85,7 @@ from ._encoding import PreparedAppend
 from ._handle import JournalHandle
 from ._records import AppendResult, CommittedRecord, NewRecord, Operation
 from ._request import AnswerDeadlines, Request
-from ._store import Journal
+from ._store import Journal, Staged
 from ._thread import WriterThread
 
 if TYPE_CHECKING:
@@ -223,18 +223,23 @@ class _Actor:
                 staged[op.op_id] = (op.params_digest, req)
         return plan
 
-    def _write(
-        self, writes: list[PreparedAppend], lookups: set[str]
+    def _finish(
+        self, staged: Staged, lookups: set[str]
     ) -> tuple[list[list[CommittedRecord]], dict[str, Operation]]:
-        """Runs in a worker thread: touches the journal only, never the admission."""
+        """Runs in the writer thread: touches the journal only, never the admission."""
         recorded: dict[str, Operation] = {}
-        for op_id in lookups:
-            op = self.journal.get_operation(op_id)
-            if op is None:
-                raise JournalCorrupt(f"operation {op_id} is in the ledger but not in the journal")
-            recorded[op_id] = op
-        committed = self.journal.commit_prepared(writes, sync_head=False) if writes else []
-        return committed, recorded
+        try:
+            for op_id in lookups:
+                op = self.journal.get_operation(op_id)
+                if op is None:
+                    raise JournalCorrupt(
+                        f"operation {op_id} is in the ledger but not in the journal"
+                    )
+                recorded[op_id] = op
+        except BaseException:
+            self.journal.abandon_staged(staged)
+            raise
+        return self.journal.finish_staged(staged, sync_head=False), recorded
 
     async def _process(self, batch: list[Request], nursery: trio.Nursery) -> None:
         try:
@@ -247,9 +252,10 @@ class _Actor:
         if plan.writes or plan.lookups:
             async with self.writer:
                 try:
-                    committed, recorded = await self.thread.run(
-                        self._write, plan.writes, plan.lookups
-                    )
+                    # Rows are written on the loop, the COMMIT (and its fsync) in the
+                    # writer thread (see Journal.stage_prepared).
+                    staged = self.journal.stage_prepared(plan.writes)
+                    committed, recorded = await self.thread.run(self._finish, staged, plan.lookups)
                 except BaseException:
                     _fail(batch, "the journal could not write this request's batch")
                     raise

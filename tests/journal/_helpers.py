@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from braid_actors.journal._encoding import PreparedAppend
+    from braid_actors.journal._store import Staged
     from braid_actors.model import Event
 
 SIDE_FILES = ("journal.sqlite3-wal", "journal.sqlite3-shm")
@@ -59,16 +60,18 @@ class GatedJournal(Journal):
         self.gate = threading.Semaphore(0)
         return self
 
-    def commit_prepared(
-        self, batch: Sequence[PreparedAppend], *, sync_head: bool = True
+    def finish_staged(
+        self, staged: Staged, *, sync_head: bool = True
     ) -> list[list[CommittedRecord]]:
-        self.entered.put(list(batch))
+        self.entered.put(staged.batch)
         if not self.gate.acquire(timeout=10):
+            self.abandon_staged(staged)
             raise RuntimeError("the test never released this commit")
-        return super().commit_prepared(batch, sync_head=sync_head)
+        return super().finish_staged(staged, sync_head=sync_head)
 
     async def next_commit(self) -> list[PreparedAppend]:
-        """The batch of the next commit, once it is inside ``commit_prepared``."""
+        """The batch of the next commit, once it is inside ``finish_staged`` (its rows are
+        written, not yet committed)."""
         get = functools.partial(self.entered.get, timeout=10)
         return await trio.to_thread.run_sync(get)
 

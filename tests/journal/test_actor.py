@@ -84,6 +84,33 @@ async def test_ack_waits_for_the_commit_holding_that_request(home: Path, key: by
         journal.close()
 
 
+async def test_the_writer_thread_only_commits(home: Path, key: bytes) -> None:
+    """The actor writes a batch's rows on the event loop and hands the writer thread only
+    the COMMIT: under load the thread then waits for the interpreter once per commit, not
+    after every statement."""
+    journal = Journal.open(home, key)
+    statements: list[tuple[int, str]] = []
+    journal._conn.set_trace_callback(
+        lambda sql: statements.append((threading.get_ident(), sql.split(None, 1)[0].upper()))
+    )
+    loop = threading.get_ident()
+    try:
+        async with running(journal, max_batch=4) as handle, trio.open_nursery() as producers:
+            for n in range(12):
+                producers.start_soon(handle.append, [rec(n)])
+    finally:
+        journal.close()
+    assert fresh_seqs(home, key) == list(range(1, 13))
+    # from the first commit on (the actor reads its ledger in a thread when it starts)
+    first = next(i for i, (_, sql) in enumerate(statements) if sql == "BEGIN")
+    on_loop = [sql for thread, sql in statements[first:] if thread == loop]
+    elsewhere = [sql for thread, sql in statements[first:] if thread != loop]
+    commits = elsewhere.count("COMMIT")
+    assert commits >= 3  # batches of at most 4
+    assert on_loop.count("BEGIN") == commits and "INSERT" in on_loop and "COMMIT" not in on_loop
+    assert set(elsewhere) == {"COMMIT"}  # (a checkpoint uses a connection of its own)
+
+
 async def test_every_ack_is_readable_from_a_fresh_connection(home: Path, key: bytes) -> None:
     """Under concurrency, each producer finds its own records durable when its ack arrives."""
     journal = Journal.open(home, key)

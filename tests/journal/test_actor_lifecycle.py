@@ -19,10 +19,9 @@ from braid_actors.journal._head import read_head
 from ._helpers import CountingAdmission, GatedJournal, RecordingAdmission, rec
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from pathlib import Path
 
-    from braid_actors.journal._encoding import PreparedAppend
+    from braid_actors.journal._store import Staged
 
 
 async def test_subscribers_get_records_committed_after_subscribing(journal: Journal) -> None:
@@ -108,11 +107,12 @@ async def test_write_failure_fails_the_batch_and_stops(home: Path, key: bytes) -
     actor itself raises instead of carrying on with a diverged admission."""
 
     class Broken(GatedJournal):
-        def commit_prepared(
-            self, batch: Sequence[PreparedAppend], *, sync_head: bool = True
+        def finish_staged(
+            self, staged: Staged, *, sync_head: bool = True
         ) -> list[list[CommittedRecord]]:
-            self.entered.put(list(batch))
+            self.entered.put(staged.batch)
             self.gate.acquire(timeout=10)
+            self.abandon_staged(staged)
             raise JournalError("simulated disk failure")
 
     journal = Broken.open(home, key).arm()

@@ -23,7 +23,7 @@ from braid_actors.journal._crypto import (
     frame,
     snapshot_ad,
 )
-from braid_actors.journal._encoding import canonical_bytes
+from braid_actors.journal._encoding import canonical_bytes, prepare_append
 from braid_actors.journal._snapfiles import SNAPSHOT_DIR, snapshot_files
 from braid_actors.journal._store import KEEP_SNAPSHOTS, SealedSnapshot
 from braid_actors.model._codec import canonical_json, digest, digest_bytes
@@ -72,6 +72,46 @@ def test_a_batch_is_one_transaction(journal: Journal, home: Path) -> None:
     assert commits(home) == 1
     journal.append([([rec(3)], None)])
     assert commits(home) == 2
+
+
+def visible_seqs(home: Path) -> list[int]:
+    """Event sequence numbers another connection sees (what is committed)."""
+    conn = raw(home)
+    try:
+        return [row[0] for row in conn.execute("SELECT seq FROM events ORDER BY seq")]
+    finally:
+        conn.close()
+
+
+def test_staged_rows_are_invisible_until_finished(journal: Journal, home: Path) -> None:
+    """A staged batch sits in an open transaction: no other connection sees it and the
+    journal's position does not move until ``finish_staged`` commits it."""
+    journal.append([([rec(1)], None)])
+    staged = journal.stage_prepared([prepare_append([rec(2), rec(3)], None)])
+    assert visible_seqs(home) == [1]
+    assert journal.last_seq == 1 and commits(home) == 1
+    out = journal.finish_staged(staged)
+    assert [[r.seq for r in group] for group in out] == [[2, 3]]
+    assert visible_seqs(home) == [1, 2, 3]
+    assert journal.last_seq == 3 and journal.last_hash == out[0][-1].hash
+    assert commits(home) == 2
+
+
+def test_an_abandoned_stage_leaves_the_journal_as_it_was(
+    journal: Journal, home: Path, key: bytes
+) -> None:
+    """Rolling a staged batch back writes nothing; the next batch chains from the old tip."""
+    journal.append([([rec(1)], None)])
+    tip = (journal.last_seq, journal.last_hash)
+    staged = journal.stage_prepared([prepare_append([rec(2)], Operation("o", "c", "d", {}))])
+    journal.abandon_staged(staged)
+    assert (journal.last_seq, journal.last_hash) == tip
+    assert journal.get_operation("o") is None
+    journal.append([([rec(9)], None)])
+    assert [(r.seq, r.data["n"]) for r in journal.read()] == [(1, 1), (2, 9)]
+    journal.close()
+    report = verify_journal(home, key)
+    assert report.ok, report.render()
 
 
 def test_state_survives_reopening(home: Path, key: bytes) -> None:

@@ -36,9 +36,9 @@ from braid_actors.journal import CommittedRecord, Journal, JournalHandle, NewRec
 from braid_actors.model._codec import canonical_json
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable
 
-    from braid_actors.journal._encoding import PreparedAppend
+    from braid_actors.journal._store import Staged
 
 T = TypeVar("T")
 RATIO_TARGET = 0.5
@@ -148,10 +148,10 @@ class CountingJournal(Journal):
     commits = 0
     events = 0
 
-    def commit_prepared(
-        self, batch: Sequence[PreparedAppend], *, sync_head: bool = True
+    def finish_staged(
+        self, staged: Staged, *, sync_head: bool = True
     ) -> list[list[CommittedRecord]]:
-        out = super().commit_prepared(batch, sync_head=sync_head)
+        out = super().finish_staged(staged, sync_head=sync_head)
         self.commits += 1
         self.events += sum(len(group) for group in out)
         return out
