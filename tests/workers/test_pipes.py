@@ -29,6 +29,7 @@ from braid_actors.workers import (
     open_worker,
     pipe_hub_supported,
 )
+from braid_actors.workers._pipes import TICK
 
 FAST = StopPolicy(grace=0.5, term_grace=0.5, kill_grace=2.0)
 
@@ -39,9 +40,9 @@ def test_the_hub_is_supported_here() -> None:
 
 
 @asynccontextmanager
-async def running_hub() -> AsyncIterator[PipeHub]:
+async def running_hub(*, tick: float = TICK) -> AsyncIterator[PipeHub]:
     async with trio.open_nursery() as nursery:
-        hub: PipeHub = await nursery.start(PipeHub().run)
+        hub: PipeHub = await nursery.start(PipeHub(tick=tick).run)
         yield hub
         nursery.cancel_scope.cancel()
 
@@ -240,6 +241,62 @@ async def test_a_long_pass_over_ready_pipes_lets_other_tasks_run() -> None:
     first, last = events.index(lines[0]), events.index(lines[-1])
     assert "tick" in events[first:last]  # another task ran in the middle of the pass
     assert hub.pauses > pauses
+
+
+async def test_lines_that_arrive_within_a_tick_are_read_in_one_pass() -> None:
+    """After a pass the hub waits out its tick before the next one: lines written to
+    several pipes meanwhile are read together, by one pass, a tick after the last began."""
+    tick = 0.3
+    taken: list[tuple[bytes, float]] = []
+
+    def stamp(line: bytes) -> bool:
+        taken.append((line, trio.current_time()))
+        return True
+
+    async with running_hub(tick=tick) as hub, contextlib.AsyncExitStack() as stack:
+        opened = [await stack.enter_async_context(hub_pipe(hub)) for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            for reader, _write_end in opened:
+                reader.fast = stamp
+                nursery.start_soon(reader.receive_line)  # the owners wait: the hub takes
+            await until(lambda: all(r._waiter is not None for r, _ in opened))
+            os.write(opened[0][1], b"first\n")
+            await until(lambda: len(taken) == 1)
+            passes = hub.passes
+            for _reader, write_end in opened:  # 20 ms apart, all within the tick
+                os.write(write_end, b"later\n")
+                await trio.sleep(0.02)
+            await until(lambda: len(taken) == 4)
+            nursery.cancel_scope.cancel()
+    assert [line for line, _ in taken] == [b"first", b"later", b"later", b"later"]
+    assert hub.passes == passes + 1
+    first_at = taken[0][1]
+    assert all(at - first_at >= tick - 0.01 for _, at in taken[1:])
+
+
+async def test_a_queued_line_is_returned_without_a_trip_through_the_scheduler() -> None:
+    """An owner that fell behind drains what is queued without yielding to every other
+    task once per line (it would never catch up with a busy stream); a cancellation is
+    still raised, and takes no line."""
+    async with running_hub() as hub, hub_pipe(hub) as (reader, write_end):
+        os.write(write_end, b"a\nb\nc\n")
+        await until(lambda: len(reader._lines) == 3)
+        ran: list[str] = []
+
+        async def other() -> None:
+            ran.append("other")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)  # ready: it runs at this task's next schedule point
+            got = [await reader.receive_line(), await reader.receive_line()]
+            assert ran == []
+        assert ran == ["other"]
+        assert got == [b"a", b"b"]
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await reader.receive_line()
+        assert scope.cancelled_caught
+        assert await reader.receive_line() == b"c"
 
 
 async def test_one_task_at_a_time_reads_a_pipe() -> None:

@@ -250,12 +250,15 @@ async def concurrent(
             loop0 = _main_thread_cpu(me)
             threads0 = _thread_cpu(me)
             load0 = _cpu_of(workers)
+            hub = app.runs.pipes
+            hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             gc_longest = (gc_clock.longest, gc_clock.longest_generation)
             loop1 = _main_thread_cpu(me)
             threads1 = _thread_cpu(me)
             load1 = _cpu_of(workers)
+            hub1 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             streaming = sum(1 for r in run_ids if app.run(r).events.count > 3)
             window = list(latencies)
             commit_window = list(commits)
@@ -305,6 +308,8 @@ async def concurrent(
             - threads0.get(threading.main_thread().name + "/sys", 0.0)
         )
         / (w1 - w0),
+        "hub_passes_per_s": (hub1[0] - hub0[0]) / (w1 - w0),
+        "hub_fast_per_s": (hub1[1] - hub0[1]) / (w1 - w0),
         "runs": n_runs,
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
@@ -549,6 +554,11 @@ def main(argv: list[str]) -> int:
             f"    events committed {a['events_per_s']:,.0f}/s; event -> durable ack "
             f"p50 {a['p50_ms']:.2f} ms, p99 {a['p99_ms']:.2f} ms "
             f"(target <= 20 ms) {'PASS' if a['p99_ms'] <= 20 else 'MISS'}"
+        )
+        print(
+            f"    pipe hub: {a['hub_passes_per_s']:,.0f} passes/s, "
+            f"{a['hub_fast_per_s']:,.0f} lines/s on the fast path "
+            f"({a['hub_fast_per_s'] / max(a['hub_passes_per_s'], 1):.1f} per pass)"
         )
         print(
             f"    journal transactions {a['commits_per_s']:,.0f}/s: rows written on the event "
