@@ -331,10 +331,13 @@ SWITCH_INTERVAL = 0.001
 """How long a thread may hold the interpreter while another waits for it (CPython's is 5 ms).
 
 The event loop waits for the interpreter after every pipe read and every poll, and the
-journal's writer thread after every row it hands SQLite: with 5 ms, each wait could last a
-whole interval while the other thread ran Python code. At 500 streaming runs (``tools/bench
-runs``) the event -> durable ack p50 went from 45-48 ms to about 20 ms with 1 ms at the
-same CPU; 0.2-0.5 ms halved it again but cost 5-9 points of a core in switches."""
+journal's writer thread after its COMMIT: with 5 ms, each wait could last a whole interval
+while the other thread ran Python code. At 500 streaming runs (``tools/bench runs``) the
+event -> durable ack p50 went from 45-48 ms to about 20 ms with 1 ms at the same CPU (the
+writer then also waited after every row it handed SQLite); 0.2-0.5 ms halved it again but
+cost 5-9 points of a core in switches. Once the writer thread only committed, 5 ms against
+1 ms (100 runs x 50 events/s, two runs each) gave the same CPU (65-66%) and no better
+acknowledgements (p50 13-21 ms against 12-34 ms)."""
 
 
 def tune_process() -> None:

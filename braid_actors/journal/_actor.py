@@ -16,8 +16,10 @@ The actor takes the first queued request, drains whatever else is already queued
 2. otherwise ``admission.admit(records)`` runs; a :class:`BraidError` rejects this request
    alone and the rest of the batch is unaffected.
 
-The accepted requests are then written in ONE transaction in a worker thread, so the event
-loop keeps queueing requests during the fsync. Back on the trio thread, and only after the
+The accepted requests are then written in ONE transaction: their rows on the event loop
+(:meth:`Journal.stage_prepared`), the ``COMMIT`` in the actor's writer thread, so the event
+loop keeps queueing requests during the fsync, and the thread waits for the interpreter once
+per commit, not after every statement. Back on the trio thread, and only after the
 commit returned: the ledger is updated, ``admission.committed(records)`` runs (the read model;
 admission is never touched from the thread), every request of THIS batch is answered, and the
 records are published to subscribers. Rejections are answered at the same point, because they
