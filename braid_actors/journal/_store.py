@@ -359,7 +359,12 @@ class Journal:
         self, staged: Staged, *, sync_head: bool = True
     ) -> list[list[CommittedRecord]]:
         """Commit what :meth:`stage_prepared` wrote (durably: the fsync is here), or roll it
-        back and raise; returns the committed records of each request."""
+        back and raise; returns the committed records of each request.
+
+        With ``sync_head`` the head file is written before returning (if that fails,
+        :class:`JournalError` is raised although the records are durable); the journal
+        actor passes False and writes the head itself after acknowledging, so the head's
+        fsync is not on the acknowledgement path."""
         if staged.tip is None:
             return staged.records
         conn = self._conn
