@@ -49,9 +49,11 @@ from braid_actors.model import (
     digest,
 )
 from braid_actors.providers import LocalProvider, LocalTimeouts
-from braid_actors.supervisor import RunsSupervisor
+from braid_actors.supervisor import DEFAULT_OBSERVE_INTERVAL, RunsSupervisor
 from braid_actors.workers import encode_message, spool_path
 from braid_actors.workers._pipes import TICK
+
+OBSERVE_INTERVAL = 5.0  # braid serve: DEFAULT_OBSERVE_INTERVAL (0.5 s); the output says both
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -203,7 +205,7 @@ async def concurrent(
                             timeouts=LocalTimeouts(idle=margin + 120),
                         )
                     },
-                    observe_interval=5.0,
+                    observe_interval=OBSERVE_INTERVAL,
                     admission_limit=n_runs,
                     settle=True,  # tuned as braid serve and braid headless are
                 )
@@ -540,7 +542,9 @@ def main(argv: list[str]) -> int:
             f"(a) {a['runs']} concurrent runs x {args.rate:g} events/s for {args.seconds:g} s "
             f"(all started and idle after {a['start_all_s']:.1f} s; "
             f"{a['streaming']} streaming in the window"
-            f"{'; the start line passed before all were idle' if a['late'] else ''})"
+            f"{'; the start line passed before all were idle' if a['late'] else ''}; "
+            f"each run's processes sampled every {OBSERVE_INTERVAL:g} s, braid serve's "
+            f"default is {DEFAULT_OBSERVE_INTERVAL:g} s)"
         )
         print(
             f"    supervisor CPU {a['cpu_share'] * 100:.0f}% of one core "
