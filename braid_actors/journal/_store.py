@@ -36,6 +36,7 @@ used by one thread at a time; :meth:`Journal.checkpoint` may run concurrently wi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
@@ -133,9 +134,9 @@ class Staged:
     """A batch written in an open transaction (see :meth:`Journal.stage_prepared`)."""
 
     records: list[list[CommittedRecord]]
+    """The records of each request, as they will be once committed."""
     tip: Head | None
     """The journal's position once committed; None: the batch wrote nothing."""
-    batch: list[PreparedAppend]
     has_operations: bool = False
 
 
@@ -335,25 +336,16 @@ class Journal:
                 op_rows.append((op.op_id, op.command, op.params_digest, seq, nonce, ct))
             out.append(committed)
         if not event_rows and not op_rows:
-            return Staged(out, None, list(batch))
+            return Staged(out, None)
         tip = Head(self._tip.commits + 1, seq, prev)
         conn = self._conn
-        try:
+        with self._rolled_back_on_error(has_operations=bool(op_rows)):
             conn.execute("BEGIN")
-            try:
-                _insert_events(conn, event_rows)
-                if op_rows:
-                    conn.executemany(_INSERT_OPERATION, op_rows)
-                conn.execute(
-                    "UPDATE meta SET value = ? WHERE name = 'commits'", (str(tip.commits),)
-                )
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.DatabaseError as exc:
-            raise self._commit_error(exc, bool(op_rows)) from exc
-        return Staged(out, tip, list(batch), bool(op_rows))
+            _insert_events(conn, event_rows)
+            if op_rows:
+                conn.executemany(_INSERT_OPERATION, op_rows)
+            conn.execute("UPDATE meta SET value = ? WHERE name = 'commits'", (str(tip.commits),))
+        return Staged(out, tip, bool(op_rows))
 
     def finish_staged(
         self, staged: Staged, *, sync_head: bool = True
@@ -367,16 +359,8 @@ class Journal:
         fsync is not on the acknowledgement path."""
         if staged.tip is None:
             return staged.records
-        conn = self._conn
-        try:
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.DatabaseError as exc:
-            raise self._commit_error(exc, staged.has_operations) from exc
+        with self._rolled_back_on_error(has_operations=staged.has_operations):
+            self._conn.execute("COMMIT")
         self._tip = staged.tip
         if sync_head:
             self.write_head()
@@ -388,12 +372,26 @@ class Journal:
             with sqlite_errors(self.path, "roll back a batch"):
                 self._conn.execute("ROLLBACK")
 
-    def _commit_error(self, exc: sqlite3.DatabaseError, has_operations: bool) -> Exception:
-        if isinstance(exc, sqlite3.IntegrityError) and has_operations:
-            return OperationConflict(
-                "an operation in this batch is already recorded; nothing was written"
-            )
-        return translate_sqlite_error(exc, self.path, "commit a batch")
+    @contextlib.contextmanager
+    def _rolled_back_on_error(self, *, has_operations: bool) -> Iterator[None]:
+        """Roll the open transaction back when the block raises; a database error becomes
+        :class:`OperationConflict` (a recorded operation) or a translated journal error."""
+        conn = self._conn
+        try:
+            try:
+                yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.IntegrityError as exc:
+            if has_operations:
+                raise OperationConflict(
+                    "an operation in this batch is already recorded; nothing was written"
+                ) from exc
+            raise translate_sqlite_error(exc, self.path, "commit a batch") from exc
+        except sqlite3.DatabaseError as exc:
+            raise translate_sqlite_error(exc, self.path, "commit a batch") from exc
 
     def write_head(self) -> None:
         """Record the committed position in ``journal.head`` (fsynced) unless it is there.

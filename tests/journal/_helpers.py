@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from braid_actors.journal._encoding import PreparedAppend
     from braid_actors.journal._store import Staged
     from braid_actors.model import Event
 
@@ -52,7 +51,7 @@ def assert_untouched(before: Mapping[str, str], after: Mapping[str, str]) -> Non
 class GatedJournal(Journal):
     """A real journal whose commits each wait until the test releases them."""
 
-    entered: queue.Queue[list[PreparedAppend]]
+    entered: queue.Queue[list[list[CommittedRecord]]]
     gate: threading.Semaphore
 
     def arm(self) -> GatedJournal:
@@ -63,15 +62,15 @@ class GatedJournal(Journal):
     def finish_staged(
         self, staged: Staged, *, sync_head: bool = True
     ) -> list[list[CommittedRecord]]:
-        self.entered.put(staged.batch)
+        self.entered.put(staged.records)
         if not self.gate.acquire(timeout=10):
             self.abandon_staged(staged)
             raise RuntimeError("the test never released this commit")
         return super().finish_staged(staged, sync_head=sync_head)
 
-    async def next_commit(self) -> list[PreparedAppend]:
-        """The batch of the next commit, once it is inside ``finish_staged`` (its rows are
-        written, not yet committed)."""
+    async def next_commit(self) -> list[list[CommittedRecord]]:
+        """The records of each request of the next commit, once it is inside
+        ``finish_staged`` (its rows are written, not yet committed)."""
         get = functools.partial(self.entered.get, timeout=10)
         return await trio.to_thread.run_sync(get)
 

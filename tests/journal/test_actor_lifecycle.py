@@ -110,7 +110,7 @@ async def test_write_failure_fails_the_batch_and_stops(home: Path, key: bytes) -
         def finish_staged(
             self, staged: Staged, *, sync_head: bool = True
         ) -> list[list[CommittedRecord]]:
-            self.entered.put(staged.batch)
+            self.entered.put(staged.records)
             self.gate.acquire(timeout=10)
             self.abandon_staged(staged)
             raise JournalError("simulated disk failure")
