@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from braid_actors.errors import EvidenceReadFailed
 
 from ._objects import REF_RE
-from ._paging import check_run, entry_body, invalid
+from ._paging import BODIES, check_run, entry_body, invalid
 
 if TYPE_CHECKING:
     import sqlite3
@@ -68,7 +68,7 @@ def artifact_page(
     if REF_RE.fullmatch(node):
         return reader.by_hash(node)
     revisions = conn.execute(
-        "SELECT e.revision, e.body, s.body AS source_body FROM entries e JOIN sources s "
+        f"SELECT e.revision, {BODIES} FROM entries e JOIN sources s "
         "ON s.pk = e.source_pk WHERE e.run_id=? AND e.id=? ORDER BY e.revision",
         (run_id, node),
     ).fetchall()
@@ -110,7 +110,7 @@ class _Reader:
             if meta is not None:
                 return self.stored(ref, meta["media_type"], bool(meta["redacted"]))
         revision = self.conn.execute(
-            "SELECT e.body, s.body AS source_body FROM entries e JOIN sources s "
+            f"SELECT {BODIES} FROM entries e JOIN sources s "
             "ON s.pk = e.source_pk WHERE e.run_id=? AND e.object_hash=? "
             "ORDER BY e.revision DESC LIMIT 1",
             (self.run_id, ref),

@@ -40,7 +40,7 @@ from braid_actors.errors import EvidenceContentNotFound
 from braid_actors.model import digest
 
 from ._links import entry_links
-from ._paging import check_run, entry_body, invalid
+from ._paging import BODIES, check_run, entry_body, invalid
 
 if TYPE_CHECKING:
     import sqlite3
@@ -174,7 +174,7 @@ def _entry_rows(
         where.append("(e.source_pk, e.sequence, e.ordinal, e.revision) > (?, ?, ?, ?)")
         params.extend(key)
     return conn.execute(
-        "SELECT e.source_pk, e.sequence, e.ordinal, e.revision, e.body, s.body AS source_body "
+        f"SELECT e.source_pk, e.sequence, e.ordinal, e.revision, {BODIES} "
         "FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE "
         + " AND ".join(where)
         + " ORDER BY e.source_pk, e.sequence, e.ordinal, e.revision LIMIT ?",

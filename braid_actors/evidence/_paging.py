@@ -24,6 +24,7 @@ from braid_actors.errors import EvidenceInvalidArgument, EvidenceRunNotFound
 from braid_actors.model import canonical_json, digest
 
 from ._materialize import SCHEMA
+from ._parsed import loads_stored
 
 if TYPE_CHECKING:
     import sqlite3
@@ -193,7 +194,7 @@ def entries_page(
         where.append("(e.source_pk, e.sequence, e.ordinal, e.revision) > (?, ?, ?, ?)")
         params.extend(position)
     rows = conn.execute(
-        "SELECT e.source_pk, e.sequence, e.ordinal, e.revision, e.body, s.body AS source_body "
+        f"SELECT e.source_pk, e.sequence, e.ordinal, e.revision, {BODIES} "
         "FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE "
         + " AND ".join(where)
         + " ORDER BY e.source_pk, e.sequence, e.ordinal, e.revision LIMIT ?",
@@ -220,8 +221,14 @@ def entries_page(
     return page
 
 
-def entry_body(body: str, source_body: str) -> dict[str, Any]:
-    """An Entry wire object from its stored row."""
-    entry: dict[str, Any] = json.loads(body)
-    entry["source"] = json.loads(source_body)
+BODIES: Final = "CAST(e.body AS BLOB) AS body, CAST(s.body AS BLOB) AS source_body"
+"""The columns :func:`entry_body` reads (entries ``e`` joined to sources ``s``): the texts
+as UTF-8 bytes, which orjson reads without a copy to ``str`` first."""
+
+
+def entry_body(body: bytes, source_body: bytes) -> dict[str, Any]:
+    """An Entry wire object from its stored row (selected as :data:`BODIES`)."""
+    # orjson where it reads the same value: json took 80% of a 200-entry page's time.
+    entry: dict[str, Any] = loads_stored(body)
+    entry["source"] = loads_stored(source_body)
     return entry

@@ -7,7 +7,9 @@ computation on generated lines: JSON values with big integers, floats, escapes a
 surrogates, mutated by bytes that break or change them (quotes, digits, NUL, invalid UTF-8,
 encoded surrogates, newlines), and UTF-16 documents. An entry's ``object_hash`` is
 encoded by orjson when the entry holds no float: checked against the canonical digest on
-float-free values with every kind of string and integers beyond 64 bits.
+float-free values with every kind of string and integers beyond 64 bits. A stored body is
+read back by orjson unless it holds 19 digits in a row: checked against ``json.loads`` on
+the texts json writes (floats, NaN and infinities, integers beyond 64 bits, escapes).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from hypothesis import strategies as st
 
 from braid_actors.evidence._detect import _is_gemini
 from braid_actors.evidence._materialize import floatless_digest, object_digest
-from braid_actors.evidence._parsed import MAX_LINE_BYTES, long_digit_runs, split_lines
+from braid_actors.evidence._parsed import (
+    MAX_LINE_BYTES,
+    loads_stored,
+    long_digit_runs,
+    split_lines,
+)
 
 scalars = (
     st.none()
@@ -179,3 +186,23 @@ def test_floatless_digest_is_the_canonical_digest(value: Any) -> None:
             floatless_digest(value)
         return
     assert floatless_digest(value) == expected
+
+
+stored_values = st.recursive(
+    scalars.filter(lambda v: not (isinstance(v, str) and "\ud800" <= v <= "\udfff"))
+    | st.floats()  # NaN and the infinities included: json writes and reads them
+    | st.sampled_from([2**64 + 1, -(2**70), 10**30, 0.1, 1e-7, -0.0]),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(stored_values, st.booleans())
+def test_stored_text_reads_back_as_json_loads(value: Any, ascii_only: bool) -> None:
+    """What the store wrote (json's or orjson's text of a body) reads back as json reads it:
+    the same types (an integer beyond 64 bits stays an integer), values and key order."""
+    text = json.dumps(value, ensure_ascii=ascii_only, sort_keys=True)
+    data = text.encode("utf-8", "surrogatepass")
+    assert repr(loads_stored(data)) == repr(json.loads(data))

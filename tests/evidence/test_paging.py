@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import pytest
@@ -17,6 +19,12 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 COUNT = 1_100
+
+
+def _ingest_small(store: EvidenceStore, folder: Path) -> None:
+    path = folder / "run_small" / "sess_00112233445566778899aabb.jsonl"
+    create_session(path, [SessionLine("msg_1", "user", "hello")])
+    store.ingest(path, run_id="run_small")
 
 
 def _ingest_big(store: EvidenceStore, folder: Path, run: str) -> None:
@@ -131,3 +139,23 @@ def test_group_filter(big: EvidenceStore) -> None:
     conversation = big.entries("run_big", group="conversation", limit=5)["entries"]
     assert {e["kind"] for e in conversation} <= {"message", "tool_call", "tool_result", "task"}
     assert big.entries("run_big", group="configuration")["entries"] == []
+
+
+def test_a_page_reads_stored_bodies_exactly_as_json_does(tmp_path: Path) -> None:
+    """A body holding integers beyond 64 bits, floats, NaN or non-ASCII text comes back in a
+    page with those very values (a page reads bodies by orjson where that is exact)."""
+    home = tmp_path / "home"
+    with EvidenceStore.open(home) as store:
+        _ingest_small(store, tmp_path)
+    for value in (
+        {"session_metadata": {"n": 2**70, "m": -(10**25)}, "f": 0.1, "text": "ünï \u2028"},
+        {"session_metadata": {"nan": float("nan"), "inf": float("inf")}, "n": 2**64},
+    ):
+        body = json.dumps(value | {"id": "ctx_x"}, ensure_ascii=False, sort_keys=True)
+        with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn, conn:
+            conn.execute("UPDATE entries SET body=?", (body,))
+        with EvidenceStore.open(home) as store:
+            entry = store.entries("run_small", limit=1)["entries"][0]
+        source = entry.pop("source")
+        assert source["session_id"] == "sess_00112233445566778899aabb"
+        assert repr(entry) == repr(json.loads(body))
