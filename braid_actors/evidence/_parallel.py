@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 PARALLEL_MIN_BYTES: Final = 8_000_000
 """Below this many bytes in all the files, one process ingests them: a spawned worker
-needs about 0.3 s (a fresh interpreter importing the package) before it helps."""
+needs about 0.2 s (a fresh interpreter importing the package) before it helps."""
 CHECKPOINT_BYTES: Final = 4_000_000
 """A worker runs a WAL checkpoint after each this many bytes of files it wrote (see
 :func:`_work`)."""

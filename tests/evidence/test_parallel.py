@@ -255,9 +255,18 @@ def test_a_process_waiting_for_its_turn_prepares_the_files_after_it(tmp_path: Pa
 
 def test_an_ingest_worker_loads_no_server_side() -> None:
     """What a spawned ingest worker imports (``_parallel`` and the store) loads neither the
-    HTTP server nor trio: its start-up is time the ingest waits for."""
+    HTTP server nor trio, nor the model's converter and entity classes (it needs digests and
+    times only): its start-up is time the ingest waits for."""
     modules = ("braid_actors.evidence._parallel", "braid_actors.evidence._store")
-    watched = ("trio", "hypercorn", "braid_actors.evidence._http")
+    watched = (
+        "trio",
+        "hypercorn",
+        "braid_actors.evidence._http",
+        "cattrs",
+        "braid_actors.model._codec",
+        "braid_actors.model._entities",
+        "braid_actors.model._events",
+    )
     assert loaded_after(modules, watched) == []
 
 
