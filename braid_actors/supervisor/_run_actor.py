@@ -60,6 +60,7 @@ from braid_actors.providers import (
 from braid_actors.supervisor._planning import prepare_request
 from braid_actors.supervisor._reconcile_cli import reconcile_native
 from braid_actors.supervisor._sink import JournalSink, PendingInteraction
+from braid_actors.supervisor._spend_log import SpendLog
 from braid_actors.workers import (
     Crossing,
     Measured,
@@ -75,6 +76,7 @@ from braid_actors.workers import kill as kill_process
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from braid_actors.model import Event
     from braid_actors.supervisor._runs import RunsSupervisor
     from braid_actors.workers import TreeSample, Watch
 
@@ -110,6 +112,7 @@ class RunActor:
         self._children: dict[tuple[int, float], Worker] = {}
         self._spend: WorkerSpend | None = None
         """The last sample's figures (not the sample: that holds every process's details)."""
+        self._spend_log = SpendLog()
         self._watches: list[Watch] = []
         self.limits: Limits = Limits()
 
@@ -467,8 +470,26 @@ class RunActor:
                         at,
                     )
                 )
-        await self.sup.record(WorkerObserved(conv, self.run_id, root.worker_id, self._spend, at))
+        if self._spend_log.due(self._spend):
+            await self._journal_spend(self.sup.record)
         self._check(self._measured())
+
+    async def _journal_spend(self, record: Callable[[Event], Awaitable[object]]) -> None:
+        """Journal the last sample's figures as the root worker's ``worker.observed``."""
+        sink, spend = self.sink, self._spend
+        if sink is None or sink.root_worker is None or spend is None:
+            return
+        run = self._run()
+        await record(
+            WorkerObserved(
+                run.conversation_id,
+                self.run_id,
+                sink.root_worker.worker_id,
+                spend,
+                self.sup.clock(),
+            )
+        )
+        self._spend_log.journaled(spend)
 
     async def _child_spawned(self, snap: Any, root: Worker, conv: str, at: Any) -> None:
         run = self._run()
@@ -526,6 +547,8 @@ class RunActor:
     async def _record_worker_exits(self, how: WorkerStatus, log: str | None = None) -> None:
         """Every worker of the run still recorded as live is gone now: say so (the root
         worker's bounded, redacted stderr is kept as its log artifact)."""
+        if self._spend_log.behind(self._spend):
+            await self._journal_spend(self.sup.record_quietly)  # the figures they ended with
         run = self._run()
         at = self.sup.clock()
         log_ref = await self.sup.keep_log(log) if log else None

@@ -213,6 +213,36 @@ async def test_workers_and_children_are_observed(braid: tuple[BraidApp, Path]) -
     assert "local-worker[" in log.read_text()
 
 
+async def test_unchanged_samples_are_not_journaled_but_the_last_one_is(
+    braid: tuple[BraidApp, Path],
+) -> None:
+    """A worker is sampled every 0.1 s here, but a sample is journaled only when its CPU
+    time or peak RSS moved (or 10 s passed): a paused worker's samples are not, and the
+    figures it ended with (its wall time while paused) are journaled when it ends."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
+    run_id = sent["runId"]
+    worker_id = await _root_worker(app, run_id)
+    with trio.fail_after(30):
+        while app.state.workers[worker_id].spend is None:
+            await app.changed()
+    await call(app, "steer_worker", {"workerId": worker_id, "action": "pause"})
+    await trio.sleep(0.3)  # (a sample may still see the CPU time it used before it stopped)
+    paused_at = _run_record_types(app, run_id).count("worker.observed")
+    await trio.sleep(1.5)  # 15 samples of a stopped process: nothing moves
+    assert _run_record_types(app, run_id).count("worker.observed") == paused_at
+    before = app.state.workers[worker_id].spend
+    assert before is not None and before.wall_seconds is not None
+    await call(app, "cancel_worker", {"workerId": worker_id, "force": True})
+    final = await call(app, "wait_run", {"runId": run_id, "timeoutS": 30})
+    assert final["state"] == "failed"
+    after = app.state.workers[worker_id].spend
+    assert after is not None and after.wall_seconds is not None
+    assert after.wall_seconds >= before.wall_seconds + 1.4
+    assert after.cpu_seconds == before.cpu_seconds
+
+
 LIMITS = [
     ("input_tokens", {"inputTokens": 5}, "x" * 200),
     ("output_tokens", {"outputTokens": 5}, "please say a fairly long sentence back to me"),
