@@ -157,7 +157,7 @@ def entries_page(
     cursor: str | None,
     limit: int,
 ) -> dict[str, Any]:
-    """One ``EntryPage``."""
+    """One ``EntryPage``; its entries of one source share that source's object."""
     run_id = check_run(conn, run_id)
     limit = check_limit(limit)
     filters.check()
@@ -194,7 +194,7 @@ def entries_page(
         where.append("(e.source_pk, e.sequence, e.ordinal, e.revision) > (?, ?, ?, ?)")
         params.extend(position)
     rows = conn.execute(
-        f"SELECT e.source_pk, e.sequence, e.ordinal, e.revision, {BODIES} "
+        "SELECT e.source_pk, e.sequence, e.ordinal, e.revision, CAST(e.body AS BLOB) AS body "
         "FROM entries e JOIN sources s ON s.pk = e.source_pk WHERE "
         + " AND ".join(where)
         + " ORDER BY e.source_pk, e.sequence, e.ordinal, e.revision LIMIT ?",
@@ -202,7 +202,13 @@ def entries_page(
     ).fetchall()
     has_more = len(rows) > limit
     rows = rows[:limit]
-    entries = [entry_body(row["body"], row["source_body"]) for row in rows]
+    # A page holds the entries of a few sources: each source body is read once.
+    sources = _sources(conn, {row["source_pk"] for row in rows})
+    entries = []
+    for row in rows:
+        entry: dict[str, Any] = loads_stored(row["body"])
+        entry["source"] = sources[row["source_pk"]]
+        entries.append(entry)
     page: dict[str, Any] = {
         "schema_version": SCHEMA,
         "run_id": run_id,
@@ -219,6 +225,15 @@ def entries_page(
             [last["source_pk"], last["sequence"], last["ordinal"], last["revision"]],
         )
     return page
+
+
+def _sources(conn: sqlite3.Connection, pks: set[int]) -> dict[int, dict[str, Any]]:
+    """The Source wire objects of these sources, by pk."""
+    marks = ",".join("?" * len(pks))
+    found = conn.execute(
+        f"SELECT pk, CAST(body AS BLOB) AS body FROM sources WHERE pk IN ({marks})", tuple(pks)
+    )
+    return {row["pk"]: loads_stored(row["body"]) for row in found}
 
 
 BODIES: Final = "CAST(e.body AS BLOB) AS body, CAST(s.body AS BLOB) AS source_body"

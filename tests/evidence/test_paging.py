@@ -14,6 +14,8 @@ from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.evidence import EvidenceStore
 from braid_actors.workers._session import SessionLine, create_session
 
+from ._helpers import FIXTURES
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
@@ -159,3 +161,26 @@ def test_a_page_reads_stored_bodies_exactly_as_json_does(tmp_path: Path) -> None
         source = entry.pop("source")
         assert source["session_id"] == "sess_00112233445566778899aabb"
         assert repr(entry) == repr(json.loads(body))
+
+
+def test_every_entry_of_a_page_names_its_own_source(tmp_path: Path) -> None:
+    """Pages over a run of several sources (a session and its subagents): each entry carries
+    the Source its ``source_key`` names, also where a page holds entries of several."""
+    folder = FIXTURES / "claude-code" / "marot__spotter" / "test" / "fixtures" / "transcripts"
+    paths = [folder / "subagent.jsonl", *sorted(folder.rglob("agent-*.jsonl"))]
+    with EvidenceStore.open(tmp_path / "home") as store:
+        for path in paths:
+            store.ingest(path, run_id="run_many", policy="detailed")
+        cursor, seen, mixed = None, set(), 0
+        while True:
+            page = store.entries("run_many", cursor=cursor, limit=37)
+            ids = {entry["source"]["id"] for entry in page["entries"]}
+            mixed += len(ids) > 1
+            for entry in page["entries"]:
+                assert entry["source_key"].split(":")[0] == entry["source"]["id"]
+                assert entry["source"]["session_id"]
+            seen |= ids
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    assert len(seen) >= 3 and mixed >= 2
