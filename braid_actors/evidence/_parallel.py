@@ -14,8 +14,10 @@ process boundary, never rows.
 from __future__ import annotations
 
 import functools
+import math
 import multiprocessing
 import os
+import time
 from collections import deque
 from contextlib import contextmanager
 from multiprocessing.process import parent_process
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
     from contextlib import AbstractContextManager
     from multiprocessing.context import SpawnContext, SpawnProcess
-    from multiprocessing.queues import SimpleQueue
+    from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Condition
 
     from ._ingest import Write
@@ -52,6 +54,8 @@ AHEAD_BYTES: Final = 32_000_000
 in hand may take several times its size in memory)."""
 _POLL: Final = 0.5
 """Seconds between liveness checks of the other processes while waiting for a turn."""
+_REAP_POLL: Final = 0.05
+"""Seconds between reads of the workers' reports while waiting for them to end."""
 
 
 def worker_count(paths: Sequence[str], workers: int | None) -> int:
@@ -247,7 +251,7 @@ def _raising(exc: Exception) -> Write:
     return write
 
 
-def child(job: Job, turns: Turns, results: SimpleQueue[tuple[int, Any]]) -> None:
+def child(job: Job, turns: Turns, results: Queue[tuple[int, Any]]) -> None:
     """A spawned worker: open the store and work through the files with the others."""
     from ._store import EvidenceStore  # (here: _store imports this module)
 
@@ -282,7 +286,11 @@ def ingest_in_order(
     in file order, and raise the first failure where a sequential loop would have."""
     ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold threads, a db
     turns = Turns(ctx, len(job.paths))
-    results: SimpleQueue[tuple[int, Any]] = ctx.SimpleQueue()
+    # A queue whose put never blocks the worker (a thread of the worker feeds the pipe): with
+    # a plain pipe, a worker whose reports filled it (64 KB, some 30 reports) blocked in
+    # put while holding the next turn, and this process, which reads reports only after its
+    # own writes, waited for that turn: both stopped for good.
+    results: Queue[tuple[int, Any]] = ctx.Queue()
     procs: list[SpawnProcess] = [
         ctx.Process(target=child, args=(job, turns, results), daemon=True)
         for _ in range(workers - 1)
@@ -302,19 +310,25 @@ def ingest_in_order(
 
     def done(index: int, outcome: IngestReport | _Failure) -> None:
         ready[index] = outcome
-        collect()  # a worker's put blocks once the pipe is full
+        collect()
+
+    def reap(within: float) -> None:
+        """Wait for the workers to end, reading their reports meanwhile (a worker ends
+        once its feeder thread has written them all to the pipe)."""
+        deadline = time.monotonic() + within
+        for proc in procs:
+            while proc.is_alive() and time.monotonic() < deadline:
+                collect()
+                proc.join(_REAP_POLL)
+        collect()
 
     try:
         _work(prepare, job.paths, turns, alive, done, checkpoint)
-        for proc in procs:
-            while proc.is_alive():
-                collect()
-                proc.join(_POLL)
-        collect()
+        reap(math.inf)
     finally:
         turns.halt()
+        reap(5.0)
         for proc in procs:
-            proc.join(5)
             if proc.is_alive():
                 proc.terminate()
                 proc.join()

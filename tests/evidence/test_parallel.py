@@ -24,7 +24,7 @@ from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_coun
 from braid_actors.evidence._parallel import AHEAD_FILES, Job, Turns, _work
 from tests._imports import loaded_after
 
-from ._helpers import FIXTURES
+from ._helpers import FIXTURES, claude_line, jsonl
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -135,6 +135,38 @@ def test_parallel_ingest_of_a_grown_run_continues_like_sequential(tmp_path: Path
         for r in got
         for s in r.sources
     )
+    assert _dump(tmp_path / "par") == _dump(tmp_path / "seq")
+
+
+def test_reports_piling_up_behind_a_long_file_do_not_stop_the_ingest(tmp_path: Path) -> None:
+    """Three processes. This one prepares the first file, the longest, while the workers
+    prepare the next 32 (16 each); then it takes file 34 and waits for its turn, while the
+    workers write the 32 and send their reports (six sessions a file: some 4 KB each, far
+    more than a pipe holds). The ingest ends, and stores what a loop stores: a worker whose
+    reports filled the pipe used to block in its put holding the next turn, for good."""
+    first = "ffffffff-0000-4000-8000-000000000000"
+    paths = [
+        jsonl(
+            tmp_path / "long.jsonl",
+            [claude_line(first, "user", f"line {i} " * 20) for i in range(8000)],
+        )
+    ]
+    for i in range(60):
+        sessions = [f"{i:04x}{k:04x}-0000-4000-8000-000000000000" for k in range(6)]
+        lines = [claude_line(s, "user", f"hello {i}") for s in sessions]
+        paths.append(jsonl(tmp_path / f"small-{i:02d}.jsonl", lines))
+    expected = _sequential(tmp_path / "seq", paths)
+    got: list[Any] = []
+
+    def ingest() -> None:
+        with EvidenceStore.open(tmp_path / "par") as store:
+            got.extend(store.ingest_many(paths, run_id=RUN, workers=3))
+
+    thread = threading.Thread(target=ingest, daemon=True)  # (left behind if it hangs)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the parallel ingest stopped"
+    assert _reports(got) == _reports(expected)
     assert _dump(tmp_path / "par") == _dump(tmp_path / "seq")
 
 
