@@ -18,7 +18,12 @@ distinct session and Braid stores it anew instead of counting duplicates.
     CPU when the files hold 8 MB or more (``--workers`` overrides): the printed figures are
     wall-clock over all of them, spawning included, and say how many processes ran.
 
-Then more copies are ingested into the same run until it holds ``--entries`` entries, and
+(a), (b) and (c) run ``--rounds`` times (3), in turn, each (c) into a fresh store. The
+figures printed are the medians, with every round's seconds; a ratio is the median of the
+rounds' own ratios, whose parts ran in the same minute (on a shared machine the speed drifts
+by tens of percent from one minute to the next, and one round decided a verdict).
+
+Then more copies are ingested into the last round's run until it holds ``--entries`` entries, and
 200-entry pages are timed: every page of the run following ``next_cursor``, then pages from
 cursors picked at random among those. Targets: c/a >= 0.25, c/b >= 1, page p99 <= 10 ms.
 Figures are printed as measured, with PASS or MISS; ``--strict`` makes a MISS exit 1.
@@ -27,10 +32,12 @@ Figures are printed as measured, with PASS or MISS; ``--strict`` makes a MISS ex
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -255,6 +262,33 @@ def rates(files: list[CorpusFile], seconds: float) -> str:
     )
 
 
+@attrs.frozen
+class Round:
+    """Seconds of one round of (a), (b) and (c) on the same files."""
+
+    raw_all: float
+    raw_claude: float
+    ccusage: float | None
+    note: str
+    claude: float
+    codex: float
+
+
+def measure(
+    root: Path, k: int, files: list[CorpusFile], claude: list[CorpusFile], workers: int | None
+) -> Round:
+    """Round ``k``: (a) on every file and on the Claude subset, (b), then (c) into a fresh
+    store ``root / store<k>``."""
+    raw_all = raw_limit(files)
+    raw_claude = raw_limit(claude)
+    home = root / f"home{k}"
+    home.mkdir()
+    cc_seconds, cc_note = ccusage(root / "corpus" / "claude", home)
+    with EvidenceStore.open(root / f"store{k}") as store:
+        spent = ingest(store, files, workers)
+    return Round(raw_all, raw_claude, cc_seconds, cc_note, spent["claude_code"], spent["codex"])
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tools/bench evidence", description=__doc__.split("\n")[0]
@@ -264,9 +298,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--random-pages", type=int, default=500)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of (a), (b), (c); figures are medians"
+    )
+    parser.add_argument(
         "--workers", type=int, help="processes of (c) (default: as the CLI, one per CPU)"
     )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     out = sys.stdout
 
     fixtures = load_fixtures(find_fixtures())
@@ -294,54 +333,81 @@ def main(argv: list[str]) -> int:
         used = processes(files, args.workers)  # (while the files exist: it weighs them)
         os.sync()
 
-        raw_all = raw_limit(files)
-        raw_claude = raw_limit(claude)
-        (root / "home").mkdir()
-        cc_seconds, cc_note = ccusage(corpus / "claude", root / "home")
-        with EvidenceStore.open(root / "store") as store:
-            spent = ingest(store, files, args.workers)
-            braid_all = sum(spent.values())
-            stored = entry_count(root / "store")
+        rounds: list[Round] = []
+        for k in range(args.rounds):
+            rounds.append(measure(root, k, files, claude, args.workers))
+            if k:
+                shutil.rmtree(root / f"store{k - 1}", ignore_errors=True)
+        last = root / f"store{args.rounds - 1}"
+        stored = entry_count(last)
+        with EvidenceStore.open(last) as store:
             extra = 0
-            while entry_count(root / "store") < args.entries:
+            while entry_count(last) < args.entries:
                 more = write_copy(fixtures, root / "extra", copies + extra)
                 ingest(store, more, args.workers)
                 extra += 1
-            total_entries = entry_count(root / "store")
+            total_entries = entry_count(last)
+            # braid evidence serve freezes what lives once it is up (the store, the modules):
+            # full collections walk only what came after.
+            gc.freeze()
             sequential, jumps, seen = pages(store, args.random_pages)
         shutil.rmtree(corpus, ignore_errors=True)
 
+    def each(values: list[float], form: str = "{:.2f}") -> str:
+        return ", ".join(form.format(v) for v in values)
+
+    def median_of(values: list[float]) -> float:
+        return statistics.median(values)
+
+    raw_all = [r.raw_all for r in rounds]
+    raw_claude = [r.raw_claude for r in rounds]
+    braid_all = [r.claude + r.codex for r in rounds]
     out.write(
         f"corpus: all files = {len(claude)} Claude Code + {len(codex)} Codex files; "
         f"Claude subset = the {len(claude)} Claude Code files\n"
-        f"(a) raw limit, orjson.loads per line, all files:      {rates(files, raw_all)}\n"
-        f"    raw limit, Claude subset:                         {rates(claude, raw_claude)}\n"
+        f"{args.rounds} rounds, each (a), (b), (c) in turn (a fresh store for each (c)); "
+        "figures are the median round's, the seconds of every round follow\n"
+        f"(a) raw limit, orjson.loads per line, all files:      "
+        f"{rates(files, median_of(raw_all))}\n      rounds: {each(raw_all)} s\n"
+        f"    raw limit, Claude subset:                         "
+        f"{rates(claude, median_of(raw_claude))}\n"
     )
-    if cc_seconds is None:
-        out.write(f"(b) ccusage: not measured ({cc_note})\n")
+    cc_all = [r.ccusage for r in rounds if r.ccusage is not None]
+    if len(cc_all) < len(rounds):
+        out.write(f"(b) ccusage: not measured ({rounds[0].note})\n")
     else:
         out.write(
-            f"(b) ccusage daily --json --offline, Claude subset:   {rates(claude, cc_seconds)}\n"
-            f"    ({cc_note}; Codex files not covered: ccusage reads Claude Code data only)\n"
+            f"(b) ccusage daily --json --offline, Claude subset:   "
+            f"{rates(claude, median_of(cc_all))}\n      rounds: {each(cc_all)} s\n"
+            f"    ({rounds[0].note}; Codex files not covered: ccusage reads Claude Code data "
+            "only)\n"
         )
+    spent_claude = [r.claude for r in rounds]
+    spent_codex = [r.codex for r in rounds]
     out.write(
-        f"(c) Braid ingest, all files:                          {rates(files, braid_all)}\n"
+        f"(c) Braid ingest, all files:                          "
+        f"{rates(files, median_of(braid_all))}\n      rounds: {each(braid_all)} s\n"
         f"    Braid ingest, Claude subset:                      "
-        f"{rates(claude, spent['claude_code'])}\n"
-        f"    Braid ingest, Codex subset:                       {rates(codex, spent['codex'])}\n"
+        f"{rates(claude, median_of(spent_claude))}\n      rounds: {each(spent_claude)} s\n"
+        f"    Braid ingest, Codex subset:                       "
+        f"{rates(codex, median_of(spent_codex))}\n      rounds: {each(spent_codex)} s\n"
         f"    processes (ingest_many, as the CLI): {used}, "
         f"on {os.cpu_count()} CPUs; a spawned worker's start-up is timed\n"
         f"    {stored:,} entries stored\n"
     )
-    c_over_a = raw_all / braid_all
+    # Each ratio is taken within a round (its parts measured in the same minute), and the
+    # median round's is the figure: the machine's speed drifts between minutes.
+    over_a = [a / c for a, c in zip(raw_all, braid_all, strict=True)]
+    c_over_a = median_of(over_a)
     out.write(
         f"    ratio c/a = {c_over_a:.3f} (all files; target >= {C_OVER_A_TARGET}) "
-        f"{verdict(c_over_a >= C_OVER_A_TARGET)}\n"
+        f"{verdict(c_over_a >= C_OVER_A_TARGET)}; rounds: {each(over_a, '{:.3f}')}\n"
     )
-    c_over_b = float("nan") if cc_seconds is None else cc_seconds / spent["claude_code"]
+    over_b = [r.ccusage / r.claude for r in rounds if r.ccusage is not None]
+    c_over_b = median_of(over_b) if len(over_b) == len(rounds) else float("nan")
     out.write(
         f"    ratio c/b = {c_over_b:.3f} (Claude subset; target >= {C_OVER_B_TARGET}) "
-        f"{verdict(c_over_b >= C_OVER_B_TARGET)}\n"
+        f"{verdict(c_over_b >= C_OVER_B_TARGET)}; rounds: {each(over_b, '{:.3f}')}\n"
     )
     sequential.sort()
     jumps.sort()
@@ -349,7 +415,8 @@ def main(argv: list[str]) -> int:
     p99 = percentile(both, 0.99)
     out.write(
         f"entries pages of {PAGE} at {total_entries:,} entries in one run "
-        f"({extra} extra copies ingested to get there):\n"
+        f"({extra} extra copies ingested to get there; objects alive before paging frozen, "
+        "gc.freeze(), as braid evidence serve does once up):\n"
         f"    following cursors: {len(sequential)} pages ({seen:,} entries), "
         f"p50 {percentile(sequential, 0.5):.2f} ms, p99 {percentile(sequential, 0.99):.2f} ms\n"
         f"    random cursors:    {len(jumps)} pages, "
