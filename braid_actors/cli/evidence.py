@@ -19,7 +19,6 @@ Requests need ``Authorization: Bearer`` and the token in ``$BRAID_HOME/evidence.
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import sys
 from pathlib import Path
@@ -121,15 +120,17 @@ def _show(args: argparse.Namespace, home: Path) -> int:
 def _serve(args: argparse.Namespace, home: Path) -> int:
     import trio
 
+    from braid_actors.app import freeze_long_lived
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             serve = functools.partial(
                 serve_evidence, home, port=args.port, dashboard_port=args.dashboard_port
             )
             server = await nursery.start(serve)
-            # Up: the store and the modules live as long as the process; full collections
-            # stop walking them, which held a page up 10-16 ms (docs/architecture.md, GC).
-            gc.freeze()
+            # Up: the store and the modules live as long as the process, as braid serve's
+            # loaded graph does; full collections stop walking them (docs/architecture.md).
+            freeze_long_lived()
             print(f"braid: evidence API on {server.api_url}", flush=True)
             if server.dashboard_url is not None:
                 print(f"braid: evidence dashboard on {server.dashboard_url}", flush=True)

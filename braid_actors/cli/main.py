@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import os
 import sys
 from pathlib import Path
@@ -112,14 +111,7 @@ def _serve(home: Path, args: argparse.Namespace) -> None:
         drain_grace=args.drain_grace,
         max_active=_max_active(args.max_active, os.environ),
     )
-
-    def ready(line: str) -> None:
-        print(line, flush=True)
-        # Up: what lives now (modules, the app and its services) lives as long as the
-        # process, so full collections stop walking it (see docs/architecture.md, GC).
-        gc.freeze()
-
-    trio.run(functools.partial(serve, home, options, ready=ready))
+    trio.run(serve, home, options)
 
 
 def _braid_error(group: BaseExceptionGroup[BaseException]) -> BraidError | None:

@@ -32,7 +32,6 @@ Figures are printed as measured, with PASS or MISS; ``--strict`` makes a MISS ex
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import random
 import shutil
@@ -48,6 +47,7 @@ from typing import Any
 import attrs
 import orjson
 
+from braid_actors.app import freeze_long_lived
 from braid_actors.evidence import EvidenceStore, worker_count
 
 C_OVER_A_TARGET = 0.25
@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
             total_entries = entry_count(last)
             # braid evidence serve freezes what lives once it is up (the store, the modules):
             # full collections walk only what came after.
-            gc.freeze()
+            freeze_long_lived()
             sequential, jumps, seen = pages(store, args.random_pages)
         shutil.rmtree(corpus, ignore_errors=True)
 
@@ -416,7 +416,7 @@ def main(argv: list[str]) -> int:
     out.write(
         f"entries pages of {PAGE} at {total_entries:,} entries in one run "
         f"({extra} extra copies ingested to get there; objects alive before paging frozen, "
-        "gc.freeze(), as braid evidence serve does once up):\n"
+        "as braid evidence serve does once up):\n"
         f"    following cursors: {len(sequential)} pages ({seen:,} entries), "
         f"p50 {percentile(sequential, 0.5):.2f} ms, p99 {percentile(sequential, 0.99):.2f} ms\n"
         f"    random cursors:    {len(jumps)} pages, "

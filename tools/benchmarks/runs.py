@@ -210,7 +210,6 @@ async def concurrent(
                     settle=True,  # tuned as braid serve and braid headless are
                 )
             )
-            gc.freeze()  # as braid serve does once it serves (the process's startup objects)
             convs = [
                 await call(app, "create_conversation", {"workspace": str(workspace)})
                 for _ in range(branches)
@@ -481,7 +480,6 @@ async def restart(events: int, active: int) -> dict[str, Any]:
             app: BraidApp = await nursery.start(
                 functools.partial(open_app, home, env={}, settle=True)  # as braid serve
             )
-            gc.freeze()  # as braid serve does once it serves
             with trio.fail_after(600):
                 while any(not graph.is_terminal(r.state) for r in app.state.runs.values()):
                     await app.changed()
