@@ -1,6 +1,6 @@
 """Encoding a request's payloads before it reaches a batch.
 
-Payloads are canonical JSON (``model._codec.canonical_json``: sorted keys, UTF-8, no
+Payloads are canonical JSON (``model._canonical.canonical_json``: sorted keys, UTF-8, no
 insignificant whitespace, no NaN). The journal actor encodes in the producer's own task, so a
 payload that is not JSON-compatible is refused there (:class:`BadRequest`) and can never make
 a whole batch fail.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from braid_actors.errors import BadRequest
-from braid_actors.model._codec import canonical_json
+from braid_actors.model._canonical import canonical_json
 
 from ._records import NewRecord, Operation
 

@@ -16,7 +16,7 @@ import attrs
 import orjson
 
 from braid_actors.errors import JournalCorrupt, JournalError, WrongKey
-from braid_actors.model._codec import digest, digest_bytes, parse_time
+from braid_actors.model._canonical import digest, digest_bytes, parse_time
 
 from ._crypto import (
     GENESIS_HASH,

@@ -52,7 +52,7 @@ from braid_actors.errors import (
     JournalError,
     OperationConflict,
 )
-from braid_actors.model._codec import digest_bytes, format_time
+from braid_actors.model._canonical import digest_bytes, format_time
 
 from ._crypto import (
     GENESIS_HASH,
@@ -384,13 +384,11 @@ class Journal:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        except sqlite3.IntegrityError as exc:
-            if has_operations:
+        except sqlite3.DatabaseError as exc:
+            if has_operations and isinstance(exc, sqlite3.IntegrityError):
                 raise OperationConflict(
                     "an operation in this batch is already recorded; nothing was written"
                 ) from exc
-            raise translate_sqlite_error(exc, self.path, "commit a batch") from exc
-        except sqlite3.DatabaseError as exc:
             raise translate_sqlite_error(exc, self.path, "commit a batch") from exc
 
     def write_head(self) -> None:

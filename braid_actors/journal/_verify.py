@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import attrs
 
 from braid_actors.errors import BraidError, JournalCorrupt, JournalError, WrongKey
-from braid_actors.model._codec import digest
+from braid_actors.model._canonical import digest
 
 from ._crypto import GENESIS_HASH, Sealer
 from ._head import HEAD_FILE, Head, read_head

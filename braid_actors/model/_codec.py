@@ -12,7 +12,7 @@ Policies of :func:`make_converter`:
 - ``None`` fields are written as ``null``: an unknown value stays visibly unknown;
 - extra keys are refused when reading (a typo is an error, not a silently ignored field).
 
-Canonical JSON, digests and times live in ``_canonical`` (re-exported here).
+Canonical JSON, digests and times live in ``_canonical``.
 """
 
 from __future__ import annotations
@@ -25,28 +25,7 @@ import cattrs
 from cattrs.preconf.json import make_converter as _make_json_converter
 
 from braid_actors.errors import BadRequest
-from braid_actors.model._canonical import (
-    DIGEST_PREFIX,
-    canonical_json,
-    digest,
-    digest_bytes,
-    format_time,
-    is_digest,
-    parse_time,
-)
-
-__all__ = [
-    "DIGEST_PREFIX",
-    "canonical_json",
-    "converter",
-    "digest",
-    "digest_bytes",
-    "format_time",
-    "is_digest",
-    "make_converter",
-    "parse_time",
-    "structure_error",
-]
+from braid_actors.model._canonical import format_time, parse_time
 
 
 def make_converter() -> cattrs.Converter:

@@ -442,7 +442,7 @@ class RunActor:
         sink = self.sink
         if sink is None or sink.closed or sink.root_worker is None:
             return
-        self._spend = WorkerSpend(
+        self._spend = spend = WorkerSpend(
             cpu_seconds=sample.cpu_seconds,
             rss_bytes=sample.peak_rss_bytes,
             wall_seconds=sample.wall_seconds,
@@ -470,7 +470,7 @@ class RunActor:
                         at,
                     )
                 )
-        if self._spend_log.due(self._spend):
+        if self._spend_log.due(spend):
             await self._journal_spend(self.sup.record)
         self._check(self._measured())
 

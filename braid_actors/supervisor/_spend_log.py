@@ -28,12 +28,11 @@ class SpendLog:
     last: WorkerSpend | None = None
     at: float = -math.inf
 
-    def due(self, spend: WorkerSpend | None) -> bool:
+    def due(self, spend: WorkerSpend) -> bool:
         """Whether the sample with these figures is journaled."""
         last = self.last
         return (
             last is None
-            or spend is None
             or spend.cpu_seconds != last.cpu_seconds
             or spend.rss_bytes != last.rss_bytes
             or trio.current_time() - self.at >= OBSERVED_HEARTBEAT

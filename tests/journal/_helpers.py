@@ -121,7 +121,7 @@ class CountProjector:
         return {**state, record.type: state.get(record.type, 0) + 1}
 
     def checksum(self, state: dict[str, int]) -> str:
-        from braid_actors.model._codec import digest
+        from braid_actors.model._canonical import digest
 
         return digest(state)
 

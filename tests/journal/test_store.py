@@ -26,7 +26,7 @@ from braid_actors.journal._crypto import (
 from braid_actors.journal._encoding import canonical_bytes, prepare_append
 from braid_actors.journal._snapfiles import SNAPSHOT_DIR, snapshot_files
 from braid_actors.journal._store import KEEP_SNAPSHOTS, SealedSnapshot
-from braid_actors.model._codec import canonical_json, digest, digest_bytes
+from braid_actors.model._canonical import canonical_json, digest, digest_bytes
 
 from ._helpers import rec
 
@@ -424,5 +424,5 @@ _json: st.SearchStrategy[Any] = st.recursive(
 @settings(max_examples=40, deadline=None)
 @given(st.dictionaries(st.text(), _json, max_size=5))
 def test_cached_encoder_is_byte_identical_to_canonical_json(value: dict[str, Any]) -> None:
-    """The journal's cached JSON encoder writes exactly model._codec.canonical_json."""
+    """The journal's cached JSON encoder writes exactly model._canonical.canonical_json."""
     assert canonical_bytes(value) == canonical_json(value)

@@ -19,9 +19,10 @@ distinct session and Braid stores it anew instead of counting duplicates.
     wall-clock over all of them, spawning included, and say how many processes ran.
 
 (a), (b) and (c) run ``--rounds`` times (3), in turn, each (c) into a fresh store. The
-figures printed are the medians, with every round's seconds; a ratio is the median of the
-rounds' own ratios, whose parts ran in the same minute (on a shared machine the speed drifts
-by tens of percent from one minute to the next, and one round decided a verdict).
+figures printed are medians over the rounds, with every round's seconds; a ratio is the
+median of the rounds' own ratios, whose parts ran in the same minute (on a shared machine the
+speed drifts by tens of percent from one minute to the next, and one round decided a
+verdict).
 
 Then more copies are ingested into the last round's run until it holds ``--entries`` entries, and
 200-entry pages are timed: every page of the run following ``next_cursor``, then pages from
@@ -356,9 +357,6 @@ def main(argv: list[str]) -> int:
     def each(values: list[float], form: str = "{:.2f}") -> str:
         return ", ".join(form.format(v) for v in values)
 
-    def median_of(values: list[float]) -> float:
-        return statistics.median(values)
-
     raw_all = [r.raw_all for r in rounds]
     raw_claude = [r.raw_claude for r in rounds]
     braid_all = [r.claude + r.codex for r in rounds]
@@ -366,11 +364,11 @@ def main(argv: list[str]) -> int:
         f"corpus: all files = {len(claude)} Claude Code + {len(codex)} Codex files; "
         f"Claude subset = the {len(claude)} Claude Code files\n"
         f"{args.rounds} rounds, each (a), (b), (c) in turn (a fresh store for each (c)); "
-        "figures are the median round's, the seconds of every round follow\n"
+        "each figure is the median over the rounds, every round's seconds follow\n"
         f"(a) raw limit, orjson.loads per line, all files:      "
-        f"{rates(files, median_of(raw_all))}\n      rounds: {each(raw_all)} s\n"
+        f"{rates(files, statistics.median(raw_all))}\n      rounds: {each(raw_all)} s\n"
         f"    raw limit, Claude subset:                         "
-        f"{rates(claude, median_of(raw_claude))}\n"
+        f"{rates(claude, statistics.median(raw_claude))}\n"
     )
     cc_all = [r.ccusage for r in rounds if r.ccusage is not None]
     if len(cc_all) < len(rounds):
@@ -378,7 +376,7 @@ def main(argv: list[str]) -> int:
     else:
         out.write(
             f"(b) ccusage daily --json --offline, Claude subset:   "
-            f"{rates(claude, median_of(cc_all))}\n      rounds: {each(cc_all)} s\n"
+            f"{rates(claude, statistics.median(cc_all))}\n      rounds: {each(cc_all)} s\n"
             f"    ({rounds[0].note}; Codex files not covered: ccusage reads Claude Code data "
             "only)\n"
         )
@@ -386,25 +384,25 @@ def main(argv: list[str]) -> int:
     spent_codex = [r.codex for r in rounds]
     out.write(
         f"(c) Braid ingest, all files:                          "
-        f"{rates(files, median_of(braid_all))}\n      rounds: {each(braid_all)} s\n"
+        f"{rates(files, statistics.median(braid_all))}\n      rounds: {each(braid_all)} s\n"
         f"    Braid ingest, Claude subset:                      "
-        f"{rates(claude, median_of(spent_claude))}\n      rounds: {each(spent_claude)} s\n"
+        f"{rates(claude, statistics.median(spent_claude))}\n      rounds: {each(spent_claude)} s\n"
         f"    Braid ingest, Codex subset:                       "
-        f"{rates(codex, median_of(spent_codex))}\n      rounds: {each(spent_codex)} s\n"
+        f"{rates(codex, statistics.median(spent_codex))}\n      rounds: {each(spent_codex)} s\n"
         f"    processes (ingest_many, as the CLI): {used}, "
         f"on {os.cpu_count()} CPUs; a spawned worker's start-up is timed\n"
         f"    {stored:,} entries stored\n"
     )
     # Each ratio is taken within a round (its parts measured in the same minute), and the
-    # median round's is the figure: the machine's speed drifts between minutes.
+    # median of those is the figure: the machine's speed drifts between minutes.
     over_a = [a / c for a, c in zip(raw_all, braid_all, strict=True)]
-    c_over_a = median_of(over_a)
+    c_over_a = statistics.median(over_a)
     out.write(
         f"    ratio c/a = {c_over_a:.3f} (all files; target >= {C_OVER_A_TARGET}) "
         f"{verdict(c_over_a >= C_OVER_A_TARGET)}; rounds: {each(over_a, '{:.3f}')}\n"
     )
     over_b = [r.ccusage / r.claude for r in rounds if r.ccusage is not None]
-    c_over_b = median_of(over_b) if len(over_b) == len(rounds) else float("nan")
+    c_over_b = statistics.median(over_b) if len(over_b) == len(rounds) else float("nan")
     out.write(
         f"    ratio c/b = {c_over_b:.3f} (Claude subset; target >= {C_OVER_B_TARGET}) "
         f"{verdict(c_over_b >= C_OVER_B_TARGET)}; rounds: {each(over_b, '{:.3f}')}\n"

@@ -33,7 +33,7 @@ import trio
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from braid_actors.journal import CommittedRecord, Journal, JournalHandle, NewRecord, run_journal
-from braid_actors.model._codec import canonical_json
+from braid_actors.model._canonical import canonical_json
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
