@@ -122,6 +122,8 @@ class _State:
     answered: set[str] = attrs.Factory(set)
     usage: dict[tuple[str, str], dict[str, int]] = attrs.Factory(dict)
     config: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    config_keys: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
+    """The last record's raw settings per session (see ``_configuration``)."""
     tasked: set[str] = attrs.Factory(set)
     agent_links: set[tuple[str, str]] = attrs.Factory(set)
     last_draft: dict[str, tuple[int, int]] = attrs.Factory(dict)
@@ -201,14 +203,22 @@ def _session_of(state: _State, obj: dict[str, Any]) -> str:
 
 
 def _configuration(state: _State, helper: DraftLine, obj: dict[str, Any]) -> None:
-    seen = {
-        "workdir": as_str(obj.get("cwd")),
-        "application_version": as_str(obj.get("version")),
-        "git_branch": as_str(obj.get("gitBranch")),
-        "permission_mode": as_str(obj.get("permissionMode")),
-    }
     model = as_str(as_dict(obj.get("message")).get("model"))
-    if obj.get("type") == "assistant" and model and model != "<synthetic>":
+    if obj.get("type") != "assistant" or not model or model == "<synthetic>":
+        model = None
+    raw = (obj.get("cwd"), obj.get("version"), obj.get("gitBranch"), obj.get("permissionMode"))
+    # Most records repeat the previous one's settings: the same values change nothing.
+    key = (*raw, model)
+    if state.config_keys.get(helper.session) == key:
+        return
+    state.config_keys[helper.session] = key
+    seen = {
+        "workdir": as_str(raw[0]),
+        "application_version": as_str(raw[1]),
+        "git_branch": as_str(raw[2]),
+        "permission_mode": as_str(raw[3]),
+    }
+    if model is not None:
         seen["model"] = model
     current = state.config.setdefault(helper.session, {})
     changed = {k: v for k, v in seen.items() if v is not None and current.get(k) != v}

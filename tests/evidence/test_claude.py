@@ -241,3 +241,42 @@ def test_policy_presets_decide_what_is_kept(store: EvidenceStore, tmp_path: Path
     raw = json.loads(store.content("run_detailed", kept["raw_content"]["ref"])["content"])
     assert raw["toolUseResult"] == {"stdout": "a\nb"}
     assert all("intent_content" not in e for e in _entries(store, "run_detailed"))
+
+
+def test_a_configuration_snapshot_is_recorded_only_when_a_setting_changes(
+    store: EvidenceStore, tmp_path: Path
+) -> None:
+    """Records that repeat the settings add nothing; a change (also back to an earlier value,
+    and a reply's model, first seen or another one) adds a snapshot of every setting known so
+    far; a record without a setting keeps what was known."""
+
+    def user(uuid: str, **extra: Any) -> dict[str, Any]:
+        return claude_line(S, "user", "go on", uuid=uuid, **extra)
+
+    other_model = claude_line(S, "assistant", [{"type": "text", "text": "ok"}], uuid="a3")
+    other_model["message"]["model"] = "claude-other"
+    records = [
+        user("u1", permissionMode="default"),
+        user("u2", permissionMode="default"),
+        claude_line(S, "assistant", [{"type": "text", "text": "ok"}], uuid="a1"),
+        claude_line(S, "assistant", [{"type": "text", "text": "ok"}], uuid="a2"),
+        other_model,
+        user("u3", permissionMode="plan"),
+        {**user("u4", permissionMode="plan"), "cwd": None, "version": None},
+        user("u5", permissionMode="default"),
+        user("u6", permissionMode="default"),
+    ]
+    store.ingest(jsonl(tmp_path / "s.jsonl", records), run_id="run_cfg", policy="detailed")
+    snapshots = _entries(store, "run_cfg", kind="configuration")
+    bodies = [
+        json.loads(store.content("run_cfg", e["content"]["ref"])["content"]) for e in snapshots
+    ]
+    base = {"application_version": "2.1.0", "workdir": "/work/project"}
+    assert bodies == [
+        {**base, "permission_mode": "default"},
+        {**base, "permission_mode": "default", "model": "claude-test"},
+        {**base, "permission_mode": "default", "model": "claude-other"},
+        {**base, "permission_mode": "plan", "model": "claude-other"},
+        {**base, "permission_mode": "default", "model": "claude-other"},
+    ]
+    assert [e["sequence"] for e in snapshots] == [1, 3, 5, 6, 8]
