@@ -8,7 +8,8 @@ transaction. The database thus gets the same transactions in
 the same order as a sequential ``ingest`` of each file; what a file's preparation read
 before its transaction is read again inside it (``Ingest.prepare``). Files after a failed one
 are not written, as a sequential loop would stop there. Only reports and errors cross the
-process boundary, never rows.
+process boundary, never rows: each worker sends its reports through a queue of its own, in
+frames that a pipe takes whole (see :func:`send_report`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import functools
 import math
 import multiprocessing
 import os
+import pickle
+import select
 import time
 from collections import deque
 from contextlib import contextmanager
 from multiprocessing.process import parent_process
+from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -35,7 +39,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
     from contextlib import AbstractContextManager
     from multiprocessing.context import SpawnContext, SpawnProcess
-    from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Condition
 
     from ._ingest import Write
@@ -56,6 +59,10 @@ _POLL: Final = 0.5
 """Seconds between liveness checks of the other processes while waiting for a turn."""
 _REAP_POLL: Final = 0.05
 """Seconds between reads of the workers' reports while waiting for them to end."""
+FRAME_BYTES: Final = getattr(select, "PIPE_BUF", 512) - 256
+"""Most bytes of a pickled report one queue message carries: with the message's own pickling
+(~20 bytes) and the queue's 4-byte length header it stays within ``PIPE_BUF``, so the pipe
+takes each message in one write, whole or not at all (see :func:`send_report`)."""
 
 
 def worker_count(paths: Sequence[str], workers: int | None) -> int:
@@ -251,7 +258,42 @@ def _raising(exc: Exception) -> Write:
     return write
 
 
-def child(job: Job, turns: Turns, results: Queue[tuple[int, Any]]) -> None:
+def send_report(queue: Queue[tuple[bool, bytes]], index: int, outcome: object) -> None:
+    """Put file ``index``'s outcome on ``queue`` in frames of :data:`FRAME_BYTES`.
+
+    A report that crossed as one message (a six-session file's is ~4 KB) could be cut short
+    in the pipe by a worker killed mid-write, and the caller's read of it then waited for
+    the rest for good. A frame is written whole or not at all, and only the worker itself
+    writes to its queue (a queue's write lock held by a killed worker blocks only its own),
+    so the caller never finds part of a message: a report cut short is frames without the
+    last one, which :class:`Reports` never takes for a report.
+    """
+    data = pickle.dumps((index, outcome), protocol=pickle.HIGHEST_PROTOCOL)
+    for at in range(0, len(data), FRAME_BYTES):
+        queue.put((at + FRAME_BYTES >= len(data), data[at : at + FRAME_BYTES]))
+
+
+@attrs.define(eq=False)
+class Reports:
+    """The caller's end of one worker's report queue (see :func:`send_report`)."""
+
+    queue: Queue[tuple[bool, bytes]]
+    _partial: bytearray = attrs.Factory(bytearray)
+
+    def collect(self, into: dict[int, Any]) -> None:
+        """Move every report whose frames have all arrived into ``into`` (by file index);
+        never waits: each frame in the pipe is whole."""
+        queue = self.queue
+        while not queue.empty():
+            last, chunk = queue.get()
+            self._partial += chunk
+            if last:
+                index, outcome = pickle.loads(self._partial)
+                self._partial = bytearray()
+                into[index] = outcome
+
+
+def child(job: Job, turns: Turns, results: Queue[tuple[bool, bytes]]) -> None:
     """A spawned worker: open the store and work through the files with the others."""
     from ._store import EvidenceStore  # (here: _store imports this module)
 
@@ -268,7 +310,7 @@ def child(job: Job, turns: Turns, results: Queue[tuple[int, Any]]) -> None:
                 job.paths,
                 turns,
                 alive,
-                lambda index, outcome: results.put((index, outcome)),
+                functools.partial(send_report, results),
                 store.checkpoint,
             )
     finally:
@@ -286,14 +328,14 @@ def ingest_in_order(
     in file order, and raise the first failure where a sequential loop would have."""
     ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold threads, a db
     turns = Turns(ctx, len(job.paths))
-    # A queue whose put never blocks the worker (a thread of the worker feeds the pipe): with
-    # a plain pipe, a worker whose reports filled it (64 KB, some 30 reports) blocked in
-    # put while holding the next turn, and this process, which reads reports only after its
-    # own writes, waited for that turn: both stopped for good.
-    results: Queue[tuple[int, Any]] = ctx.Queue()
+    # A queue per worker whose put never blocks it (a thread of the worker feeds the pipe):
+    # with a plain pipe, a worker whose reports filled it (64 KB, some 30 reports) blocked
+    # in put while holding the next turn, and this process, which reads reports only after
+    # its own writes, waited for that turn: both stopped for good.
+    channels = [Reports(ctx.Queue()) for _ in range(workers - 1)]
     procs: list[SpawnProcess] = [
-        ctx.Process(target=child, args=(job, turns, results), daemon=True)
-        for _ in range(workers - 1)
+        ctx.Process(target=child, args=(job, turns, channel.queue), daemon=True)
+        for channel in channels
     ]
     for proc in procs:
         proc.start()
@@ -304,9 +346,8 @@ def ingest_in_order(
     ready: dict[int, IngestReport | _Failure] = {}
 
     def collect() -> None:
-        while not results.empty():
-            index, outcome = results.get()
-            ready[index] = outcome
+        for channel in channels:
+            channel.collect(ready)
 
     def done(index: int, outcome: IngestReport | _Failure) -> None:
         ready[index] = outcome

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import select
 import shutil
+import signal
 import sqlite3
 import threading
 import time
@@ -21,7 +23,14 @@ import pytest
 
 from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_count
-from braid_actors.evidence._parallel import AHEAD_FILES, Job, Turns, _work
+from braid_actors.evidence._parallel import (
+    AHEAD_FILES,
+    Job,
+    Reports,
+    Turns,
+    _work,
+    send_report,
+)
 from tests._imports import loaded_after
 
 from ._helpers import FIXTURES, claude_line, jsonl
@@ -308,3 +317,64 @@ def test_the_braid_command_module_imports_no_application() -> None:
     trio (they are imported by the commands that run them)."""
     watched = ("trio", "braid_actors.app", "braid_actors.supervisor")
     assert loaded_after(("braid_actors.cli.main",), watched) == []
+
+
+class _Frames:
+    """A queue's put and read ends over a list (what ``send_report`` and ``Reports`` use)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[bool, bytes]] = []
+
+    def put(self, frame: tuple[bool, bytes]) -> None:
+        self.frames.append(frame)
+
+    def empty(self) -> bool:
+        return not self.frames
+
+    def get(self) -> tuple[bool, bytes]:
+        return self.frames.pop(0)
+
+
+def test_a_report_crosses_in_frames_a_pipe_takes_whole() -> None:
+    """Each frame, as the queue writes it (pickled, after a 4-byte length), fits in one
+    atomic pipe write; the frames of several reports read back as those reports."""
+    big = {"sources": [{"id": f"src_{i}", "issues": [f"{i} " * 100]} for i in range(40)]}
+    channel = _Frames()
+    send_report(channel, 3, big)  # type: ignore[arg-type]
+    send_report(channel, 4, "small")  # type: ignore[arg-type]
+    assert len(channel.frames) > 3
+    for frame in channel.frames:
+        assert 4 + len(multiprocessing.reduction.ForkingPickler.dumps(frame)) <= select.PIPE_BUF
+    got: dict[int, Any] = {}
+    Reports(channel).collect(got)  # type: ignore[arg-type]
+    assert got == {3: big, 4: "small"}
+
+
+def _killed_mid_report(queue: multiprocessing.queues.Queue[tuple[bool, bytes]]) -> None:
+    """A worker killed after the first frame of its report reached the pipe."""
+    cut = _Frames()
+    send_report(cut, 7, "x" * 20_000)  # type: ignore[arg-type]
+    queue.put(cut.frames[0])
+    queue.close()
+    queue.join_thread()  # the frame is in the pipe
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_in_the_middle_of_a_report_leaves_no_report_and_no_wait() -> None:
+    """Reading what a worker killed mid-report left returns at once with no report for that
+    file (the ingest then says a worker stopped): a report sent as one message of more than
+    a pipe's atomic write could be cut short in the pipe, and its read waited for the rest
+    for good."""
+    ctx = multiprocessing.get_context("spawn")
+    queue: multiprocessing.queues.Queue[tuple[bool, bytes]] = ctx.Queue()
+    proc = ctx.Process(target=_killed_mid_report, args=(queue,), daemon=True)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    assert not queue.empty()  # its first frame is there
+    got: dict[int, Any] = {}
+    reader = threading.Thread(target=Reports(queue).collect, args=(got,), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "reading the frames waited"
+    assert got == {} and queue.empty()
