@@ -120,6 +120,28 @@ def _thread_cpu(me: psutil.Process) -> dict[str, float]:
     return out
 
 
+def _machine_ticks() -> tuple[int, int, int] | None:
+    """The machine's CPU time so far in clock ticks, from ``/proc/stat``: (all, idle,
+    stolen by the hypervisor); null where there is no such file."""
+    try:
+        with open("/proc/stat", "rb") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    return sum(fields), fields[3] + fields[4], fields[7]
+
+
+def _machine_shares(
+    before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+) -> tuple[float, float] | None:
+    """Shares of the machine's CPU time between two readings: (idle, stolen)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    total = after[0] - before[0]
+    return (after[1] - before[1]) / total, (after[2] - before[2]) / total
+
+
 def _idle_ready(app: BraidApp, run_id: str) -> bool:
     """The run is admitted, its worker started and its session reported: an idle run."""
     run = app.run(run_id)
@@ -259,6 +281,7 @@ async def concurrent(
             workers = _worker_processes(app, run_ids)
             gc_clock.longest = 0.0
             cpu0, w0, gc0 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
+            machine0 = _machine_ticks()
             loop0 = _main_thread_cpu(me)
             threads0 = _thread_cpu(me)
             load0 = _cpu_of(workers)
@@ -266,6 +289,7 @@ async def concurrent(
             hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
+            machine = _machine_shares(machine0, _machine_ticks())
             gc_longest = (gc_clock.longest, gc_clock.longest_generation)
             loop1 = _main_thread_cpu(me)
             threads1 = _thread_cpu(me)
@@ -326,6 +350,7 @@ async def concurrent(
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
         "workers_cores": (load1 - load0) / (w1 - w0),
+        "machine": machine,
         "events_per_s": len(window) / (w1 - w0),
         "p50_ms": _pct(window, 0.50) * 1000 if window else float("nan"),
         "p99_ms": _pct(window, 0.99) * 1000 if window else float("nan"),
@@ -554,6 +579,18 @@ def main(argv: list[str]) -> int:
             f"{a['gc_longest_generation']}); "
             f"the worker processes used {a['workers_cores']:.2f} of the "
             f"{os.cpu_count()} cores meanwhile"
+        )
+        machine = a["machine"]
+        # A share of one core is CPU time the process got: when the hypervisor takes the
+        # machine's CPUs away (steal), the supervisor falls behind on the same work.
+        print(
+            "    the machine meanwhile: "
+            + (
+                "not measured (no /proc/stat)"
+                if machine is None
+                else f"{machine[0]:.0%} of its CPU time idle, {machine[1]:.1%} stolen by the "
+                "hypervisor"
+            )
         )
         shares = a["thread_shares"]
         listed = ", ".join(
