@@ -289,4 +289,7 @@ __all__ = [
     "structure_error",
 ]
 
-__getattr__, __dir__ = _lazy.names(__name__, _SOURCES)
+# At run time only: the type checker reads the imports above, so a wrong name stays an
+# error (a module-level __getattr__ it could see would make every name of the package valid).
+if not typing.TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy.names(__name__, _SOURCES)
