@@ -371,8 +371,9 @@ def main(argv: list[str]) -> int:
         f"{rates(claude, statistics.median(raw_claude))}\n"
     )
     cc_all = [r.ccusage for r in rounds if r.ccusage is not None]
-    if len(cc_all) < len(rounds):
-        out.write(f"(b) ccusage: not measured ({rounds[0].note})\n")
+    unmeasured = [r.note for r in rounds if r.ccusage is None]
+    if unmeasured:
+        out.write(f"(b) ccusage: not measured ({unmeasured[0]})\n")
     else:
         out.write(
             f"(b) ccusage daily --json --offline, Claude subset:   "
