@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from braid_actors.evidence._redact import (
     _BUILTIN,
     _FOLDS_INTO_ASCII,
+    _GATES,
     _HINTS,
     BUILTIN_PATTERNS,
     _hint,
@@ -68,6 +69,31 @@ def test_lowered_lookup_is_the_hint_regex(value: str) -> None:
             continue  # the regex itself decides
         by_lookup = any(literal in lowered for literal in _HINTS[kind][0])
         assert by_lookup == by_regex, (kind, value)
+
+
+@given(texts | st.lists(st.sampled_from([*PIECES, "token", "TOKEN", "tok", "en"])).map("".join))
+def test_each_rules_prefilter_is_its_hint_regex(value: str) -> None:
+    """``may_match`` (gated literals included) says yes exactly when the rule's hint regex
+    finds one of its literals in ``value``."""
+    lowered = _lowered(value)
+    for rule in _BUILTIN:
+        assert rule.hint is not None or rule.kind == "pem_private_key"
+        if rule.hint is not None:
+            expected = rule.hint.search(value) is not None
+            assert rule.may_match(value, lowered) == expected, (rule.kind, value)
+
+
+def test_gated_literals_are_looked_for_only_behind_their_gate() -> None:
+    (rule,) = [rule for rule in _BUILTIN if rule.kind == "secret_assignment"]
+    assert _GATES == {"secret_assignment": "token"} and rule.gate == "token"
+    assert set(rule._gated) == {x for x in rule.literals if "token" in x} and len(rule._gated) == 9
+    assert set(rule._ungated) | set(rule._gated) == set(rule.literals)
+    # each gated literal alone, in any case, is found through the gate
+    for literal in rule._gated:
+        for text in (f"x {literal}=1", f"{literal.upper()}:", f"a{literal.title()}b"):
+            assert rule.may_match(text, _lowered(text)), text
+    assert not rule.may_match("tokens: 12", "tokens: 12")
+    assert not rule.may_match("accessor", "accessor")
 
 
 def test_text_with_a_folding_character_goes_to_the_regex() -> None:
