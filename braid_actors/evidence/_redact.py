@@ -128,7 +128,7 @@ _LEADS: Final[dict[str, int]] = {
 # Per case-folding built-in rule: a word several of its literals contain. Those literals are
 # looked for only in a text that holds the word (one scan instead of one per literal: nine of
 # ``secret_assignment``'s fourteen end in "token", which most long texts don't contain); the
-# answer is the same, since a text holding none of them may lack the word.
+# answer is the same, since a text without the word holds none of them.
 _GATES: Final[dict[str, str]] = {"secret_assignment": "token"}
 
 _MEMO_MAX_CHARS: Final = 256

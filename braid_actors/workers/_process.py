@@ -296,7 +296,7 @@ the same share of the CPU, but waking up it does not preempt a running task. 500
 workers wake 5,000 times a second, and each wake-up could take the core from the
 supervisor's event loop in the middle of a commit: ``tools/bench runs`` had the journal's
 rows p99 at 9.7-10.8 ms and its COMMIT p99 at 13-19 ms, and with batch workers 4.9 and
-8.0 ms (an acknowledgement's p99 83-89 -> 50 ms)."""
+8.0 ms (an acknowledgement's p99 83-89 -> 50 ms; quiet runs, not alternated)."""
 
 
 def _yield_to_supervisor(pid: int, nice: int) -> None:
