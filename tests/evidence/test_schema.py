@@ -10,7 +10,7 @@ import pytest
 
 from braid_actors.errors import EvidenceStoreUnavailable
 from braid_actors.evidence import EvidenceStore
-from braid_actors.evidence._schema import DB_FILE, SCHEMA_VERSION
+from braid_actors.evidence._schema import CACHE_KIB, DB_FILE, SCHEMA_VERSION, connect
 
 from ._helpers import FIXTURES
 
@@ -131,3 +131,13 @@ def test_an_unknown_schema_version_is_refused_with_a_stable_code(tmp_path: Path)
         EvidenceStore.open(home)
     assert caught.value.code == "store_unavailable"
     assert caught.value.details == {"schema_version": "99"}
+
+
+def test_every_connection_holds_the_larger_page_cache(tmp_path: Path) -> None:
+    """The store's and every ingest worker's connection come from ``connect``: each keeps
+    up to ``CACHE_KIB`` of pages, not SQLite's 2,000 KiB default."""
+    assert CACHE_KIB >= 32_768
+    with closing(connect(tmp_path / "home")) as conn:
+        assert conn.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
+    with closing(sqlite3.connect(tmp_path / "home" / DB_FILE)) as plain:
+        assert plain.execute("PRAGMA cache_size").fetchone()[0] == -2000
