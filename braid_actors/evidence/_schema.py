@@ -54,14 +54,14 @@ if TYPE_CHECKING:
 
 DB_FILE: Final = "evidence.sqlite3"
 SCHEMA_VERSION: Final = "2"
+"""Schema 2 (entries indexes, see ``_ENTRY_INDEXES``); a schema 1 store is migrated when
+opened, any other version is refused (``store_unavailable``)."""
 CACHE_KIB: Final = 65_536
 """Page cache of each connection, in KiB (SQLite's default is 2,000). An ingest touches
 index leaves all over the entries, objects and links indexes; with the default cache most
 of them were evicted and read back (121,000 reads for 75 MB of Claude Code files, 36,000
 with this cache) and dirty pages spilled into the WAL before the commit wrote them again.
 The cache fills only with pages actually read."""
-"""Schema 2 (entries indexes, see ``_ENTRY_INDEXES``); a schema 1 store is migrated when
-opened, any other version is refused (``store_unavailable``)."""
 
 _ENTRIES_TABLE: Final = """CREATE TABLE entries(
     pk INTEGER PRIMARY KEY, id TEXT NOT NULL, run_id TEXT NOT NULL,
