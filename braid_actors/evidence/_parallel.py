@@ -33,6 +33,7 @@ import attrs
 from braid_actors import errors
 from braid_actors.errors import BraidError, EvidenceStoreUnavailable
 
+from ._gcpause import collection_paused
 from ._policy import CapturePolicy
 
 if TYPE_CHECKING:
@@ -304,7 +305,7 @@ def child(job: Job, turns: Turns, results: Queue[tuple[bool, bytes]]) -> None:
 
     store = EvidenceStore.open(Path(job.home), redaction_patterns=job.patterns)
     try:
-        with store.checkpoints_deferred():
+        with store.checkpoints_deferred(), collection_paused():
             _work(
                 functools.partial(store.prepare_for_turn, job=job),
                 job.paths,
@@ -364,7 +365,10 @@ def ingest_in_order(
         collect()
 
     try:
-        _work(prepare, job.paths, turns, alive, done, checkpoint)
+        # Paused for the whole loop, not per file: a process holds files it prepared ahead,
+        # and each collection between two files would walk all of them.
+        with collection_paused():
+            _work(prepare, job.paths, turns, alive, done, checkpoint)
         reap(math.inf)
     finally:
         turns.halt()

@@ -26,6 +26,7 @@ from braid_actors.errors import (
 from braid_actors.model import new_id
 
 from . import _runtime
+from ._gcpause import collection_paused
 from ._ingest import Ingest
 from ._links import compaction_boundary, entry_links
 from ._materialize import SCHEMA
@@ -123,7 +124,8 @@ class EvidenceStore:
             resume_offset = 0 if resume_offset is None else resume_offset
         else:
             _check_run_id(run_id)
-        return self._prepare(Path(path), run_id, harness, policy, resume_offset)(nullcontext)
+        with collection_paused():
+            return self._prepare(Path(path), run_id, harness, policy, resume_offset)(nullcontext)
 
     def ingest_many(
         self,
@@ -186,7 +188,8 @@ class EvidenceStore:
         self, path: str, turn: Callable[[], AbstractContextManager[object]], *, job: Job
     ) -> IngestReport:
         """``ingest`` of one of ``job``'s files, written inside ``turn()`` (``_parallel``)."""
-        return self.prepare_for_turn(path, job=job)(turn)
+        with collection_paused():
+            return self.prepare_for_turn(path, job=job)(turn)
 
     def prepare_for_turn(self, path: str, *, job: Job) -> Write:
         """The first half of :meth:`ingest_with_turn`: prepare one of ``job``'s files now;
