@@ -376,62 +376,90 @@ class Ingest(Rows):
         return SourceReport(report, dict(sorted(summary.items())))
 
 
-def _tally(prepared: Prepared, key: str) -> tuple[Tally, Tally | None]:
-    """The line counts, span, present fields and issues of one source's ranges (current
-    execution, prior context): everything of its coverage but what the write decides."""
+def _tallies(prepared: Prepared) -> dict[str, tuple[Tally, Tally | None]]:
+    """The line counts, span, present fields and issues of each source's ranges (current
+    execution, prior context), by session key: everything of its coverage but what the
+    write decides. One pass over the file's lines, drafts and issues for all sources (a
+    pass per source, with a method call per count, was ~5% of a Claude Code ingest)."""
     outcome, split, starts = prepared.outcome, prepared.split, prepared.starts
     boundary = prepared.boundary
-    current = Tally()
-    prior = Tally() if boundary > 0 else None
-
-    def tally_of(start: int) -> Tally:
-        chosen = prior if prior is not None and start < boundary else current
-        return chosen
-
-    for line in split.lines:
-        tally_of(line.start).add("discovered")
+    pairs = {key: (Tally(), Tally() if boundary > 0 else None) for key in outcome.sessions}
+    # Every source sees every line of the file in the range it falls in.
+    before = sum(1 for line in split.lines if line.start < boundary) if boundary > 0 else 0
+    after = len(split.lines) - before
+    # Per (session, prior range): [matched, failed, unrecognized], added at the end.
+    seen: dict[tuple[str, bool], list[int]] = {}
     for info in outcome.lines:
-        tally = tally_of(starts[info.number])
-        if info.session != key:
+        start = starts[info.number]
+        pair = pairs.get(info.session)
+        if pair is None:
             continue
-        tally.add("matched")
-        tally.add("read")
+        current, prior = pair
+        in_prior = prior is not None and start < boundary
+        tally = prior if in_prior and prior is not None else current
+        counted = seen.get((info.session, in_prior))
+        if counted is None:
+            counted = seen[info.session, in_prior] = [0, 0, 0]
+        counted[0] += 1
         tally.line(info.number, info.timestamp)
         if info.status == "failed":
-            tally.add("failed")
-        else:
-            tally.add("parsed")
-            if info.status == "unrecognized":
-                tally.add("unrecognized")
+            counted[1] += 1
+        elif info.status == "unrecognized":
+            counted[2] += 1
+    last_owner = None
     if split.deferred is not None:
-        current.add("discovered")
-        owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
-        if owner == key:
-            current.add("matched")
-            current.add("deferred")
-            current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
+        last_owner = outcome.lines[-1].session if outcome.lines else next(iter(outcome.sessions))
+    for key, (current, prior) in pairs.items():
+        ranges = [(current, after, False)]
+        if prior is not None:
+            ranges.append((prior, before, True))
+        for tally, discovered, in_prior in ranges:
+            if discovered:
+                tally.add("discovered", discovered)
+            matched, failed, unrecognized = seen.get((key, in_prior), (0, 0, 0))
+            if matched:
+                tally.add("matched", matched)
+                tally.add("read", matched)
+            if failed:
+                tally.add("failed", failed)
+            if matched - failed:
+                tally.add("parsed", matched - failed)
+            if unrecognized:
+                tally.add("unrecognized", unrecognized)
+        if split.deferred is not None:
+            current.add("discovered")
+            if last_owner == key:
+                current.add("matched")
+                current.add("deferred")
+                current.issues.append({"code": "incomplete_line", "line": split.deferred.number})
     for draft in outcome.drafts:
-        if draft.session == key:
-            tally_of(starts[draft.line]).present.update(draft.fields)
+        pair = pairs.get(draft.session)
+        if pair is not None:
+            current, prior = pair
+            chosen = prior if prior is not None and starts[draft.line] < boundary else current
+            chosen.present.update(draft.fields)
     for issue in outcome.issues:
-        if issue.session != key:
+        pair = pairs.get(issue.session) if issue.session is not None else None
+        if pair is None:
             continue
+        current, prior = pair
         start = starts.get(issue.line, boundary) if issue.line is not None else boundary
         body: dict[str, Any] = {"code": issue.code}
         if issue.line is not None:
             body["line"] = issue.line
         if issue.field:
             body["field"] = issue.field
-        tally = tally_of(start)
+        tally = prior if prior is not None and start < boundary else current
         if prior is not None:
             body["scope"] = PRIOR if tally is prior else CURRENT
         tally.issues.append(body)
-    current.issues.extend(prepared.issues)
-    return current, prior
+    for current, _ in pairs.values():
+        current.issues.extend(prepared.issues)
+    return pairs
 
 
 Tallies = dict[str, tuple[Tally, Tally | None]]
-"""Each source's :func:`_tally` (by session key)."""
+"""Each source's tallies (by session key, see :func:`tallies`)."""
 
 
 @attrs.frozen
@@ -444,9 +472,9 @@ class Ready:
 
 
 def tallies(prepared: Prepared) -> Tallies:
-    """:func:`_tally` of every source of a prepared file: pure, so computed before the
-    file's write turn."""
-    return {key: _tally(prepared, key) for key in prepared.outcome.sessions}
+    """:func:`_tallies` of a prepared file: pure, so computed before the file's write
+    turn."""
+    return _tallies(prepared)
 
 
 def _may_link(
