@@ -163,22 +163,17 @@ class EvidenceStore:
             return
         with self.checkpoints_deferred():
             prepare = functools.partial(self.prepare_for_turn, job=job)
-            yield from ingest_in_order(prepare, job, count, self.checkpoint)
+            yield from ingest_in_order(prepare, job, count)
 
     @contextmanager
     def checkpoints_deferred(self) -> Iterator[None]:
-        """No automatic WAL checkpoint on this connection inside (``ingest_many``'s workers
-        run :meth:`checkpoint` between their turns instead)."""
+        """No automatic WAL checkpoint on this connection inside (a thread of the process
+        that runs ``ingest_many`` checkpoints meanwhile, see ``_parallel``)."""
         self._auto_checkpoint(0)
         try:
             yield
         finally:
             self._auto_checkpoint(AUTO_CHECKPOINT_PAGES)
-
-    def checkpoint(self) -> None:
-        """Copy committed WAL pages into the database (``PASSIVE``: waits for no one)."""
-        with self._guard():
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _auto_checkpoint(self, pages: int) -> None:
         with self._guard():

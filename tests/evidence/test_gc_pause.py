@@ -90,7 +90,7 @@ def test_the_calling_process_of_a_parallel_ingest_prepares_and_writes_paused(
 
             return written
 
-        reports = list(ingest_in_order(prepare, job, 2, store.checkpoint))
+        reports = list(ingest_in_order(prepare, job, 2))
     assert len(reports) == len(paths)
     assert seen, "the calling process took no file"
     assert all(not enabled for _, enabled in seen)
