@@ -376,11 +376,23 @@ class Ingest(Rows):
         return SourceReport(report, dict(sorted(summary.items())))
 
 
-def _tallies(prepared: Prepared) -> dict[str, tuple[Tally, Tally | None]]:
+Tallies = dict[str, tuple[Tally, Tally | None]]
+"""Each source's tallies (by session key, see :func:`tallies`): current execution, and prior
+context when the file has a boundary."""
+
+
+def _range_of(pair: tuple[Tally, Tally | None], start: int, boundary: int) -> Tally:
+    """The tally of the range a record starting at byte ``start`` falls in."""
+    current, prior = pair
+    return prior if prior is not None and start < boundary else current
+
+
+def tallies(prepared: Prepared) -> Tallies:
     """The line counts, span, present fields and issues of each source's ranges (current
     execution, prior context), by session key: everything of its coverage but what the
-    write decides. One pass over the file's lines, drafts and issues for all sources (a
-    pass per source, with a method call per count, was ~5% of a Claude Code ingest)."""
+    write decides; pure, so computed before the file's write turn. One pass over the
+    file's lines, drafts and issues for all sources (a pass per source, with a method call
+    per count, was ~5% of a Claude Code ingest)."""
     outcome, split, starts = prepared.outcome, prepared.split, prepared.starts
     boundary = prepared.boundary
     pairs = {key: (Tally(), Tally() if boundary > 0 else None) for key in outcome.sessions}
@@ -390,13 +402,11 @@ def _tallies(prepared: Prepared) -> dict[str, tuple[Tally, Tally | None]]:
     # Per (session, prior range): [matched, failed, unrecognized], added at the end.
     seen: dict[tuple[str, bool], list[int]] = {}
     for info in outcome.lines:
-        start = starts[info.number]
         pair = pairs.get(info.session)
         if pair is None:
             continue
-        current, prior = pair
-        in_prior = prior is not None and start < boundary
-        tally = prior if in_prior and prior is not None else current
+        tally = _range_of(pair, starts[info.number], boundary)
+        in_prior = tally is not pair[0]
         counted = seen.get((info.session, in_prior))
         if counted is None:
             counted = seen[info.session, in_prior] = [0, 0, 0]
@@ -435,31 +445,24 @@ def _tallies(prepared: Prepared) -> dict[str, tuple[Tally, Tally | None]]:
     for draft in outcome.drafts:
         pair = pairs.get(draft.session)
         if pair is not None:
-            current, prior = pair
-            chosen = prior if prior is not None and starts[draft.line] < boundary else current
-            chosen.present.update(draft.fields)
+            _range_of(pair, starts[draft.line], boundary).present.update(draft.fields)
     for issue in outcome.issues:
         pair = pairs.get(issue.session) if issue.session is not None else None
         if pair is None:
             continue
-        current, prior = pair
         start = starts.get(issue.line, boundary) if issue.line is not None else boundary
         body: dict[str, Any] = {"code": issue.code}
         if issue.line is not None:
             body["line"] = issue.line
         if issue.field:
             body["field"] = issue.field
-        tally = prior if prior is not None and start < boundary else current
-        if prior is not None:
-            body["scope"] = PRIOR if tally is prior else CURRENT
+        tally = _range_of(pair, start, boundary)
+        if pair[1] is not None:
+            body["scope"] = PRIOR if tally is pair[1] else CURRENT
         tally.issues.append(body)
     for current, _ in pairs.values():
         current.issues.extend(prepared.issues)
     return pairs
-
-
-Tallies = dict[str, tuple[Tally, Tally | None]]
-"""Each source's tallies (by session key, see :func:`tallies`)."""
 
 
 @attrs.frozen
@@ -469,12 +472,6 @@ class Ready:
     tallies: Tallies
     texts: list[str]
     """The stored text of each of the prepared rows, in order."""
-
-
-def tallies(prepared: Prepared) -> Tallies:
-    """:func:`_tallies` of a prepared file: pure, so computed before the file's write
-    turn."""
-    return _tallies(prepared)
 
 
 def _may_link(
