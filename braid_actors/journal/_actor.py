@@ -49,7 +49,9 @@ database by at most the commits of one interval, which the journal tolerates by 
 database ahead of its head is not a fault).
 
 Checkpoints run in a task of the actor's own nursery, every ``checkpoint_interval`` seconds,
-in a thread on their own connection. Snapshots (``snapshot_every``) are taken from the
+in a thread on their own connection, and what commits added meanwhile is then copied on the
+writer thread between two commits, so that the WAL is written from its start again instead
+of growing as long as commits never stop. Snapshots (``snapshot_every``) are taken from the
 admission on the trio thread right after a commit (the graph's is a copy whose canonical JSON
 is gathered in short slices, at most a tenth of the loop's time, between commits), sealed
 (hashed and encrypted) on the trio thread, and written to a file of its own in one of trio's
@@ -340,6 +342,10 @@ class _Actor:
         while True:
             await trio.sleep(self.checkpoint_interval)
             await trio.to_thread.run_sync(self.journal.checkpoint)
+            # what commits added meanwhile, copied between two commits, so that the next
+            # one writes the WAL from its start (see Journal.finish_checkpoint)
+            async with self.writer:
+                await self.thread.run(self.journal.finish_checkpoint)
 
     async def _head_loop(self) -> None:
         while True:
