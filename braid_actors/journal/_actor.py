@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import trio
@@ -319,11 +319,14 @@ class _Actor:
                     self.journal.seal_snapshot, seq, version, state
                 )
             else:
-                state_json = await _gather(state)
-                # Sealed here, not in a thread: its hashing and encryption release the GIL
-                # anyway (~6 ms for 1.8 MB), and a third thread wanting the GIL beside the
-                # loop and the writer stretched it to 20-30 ms of slow acknowledgements.
-                sealed = self.journal.seal_snapshot_json(seq, version, state_json)
+                state_json = b"".join(await _paced(state))
+                # Sealed here, not in a thread (a third thread wanting the GIL beside the
+                # loop and the writer stretched it to 20-30 ms of slow acknowledgements),
+                # in paced steps as the pieces were gathered (see seal_snapshot_json_steps).
+                steps = self.journal.seal_snapshot_json_steps(seq, version, state_json)
+                *_, last = await _paced(steps)
+                assert last is not None
+                sealed = last
             # A file of its own, written beside the commits: no commit waits behind it.
             await trio.to_thread.run_sync(self.journal.write_snapshot, sealed)
         finally:
@@ -398,15 +401,17 @@ def _fail(batch: list[Request], why: str) -> None:
         req.answer(JournalError(f"{why}; its outcome is unknown and the journal stopped"))
 
 
+T = TypeVar("T")
+
 SNAPSHOT_SLICE = 0.001
 """Seconds of gathering a snapshot's pieces at a time on the event loop."""
 SNAPSHOT_DUTY = 0.1
 """Share of the event loop's time a snapshot's gathering may take while it lasts."""
 
 
-async def _gather(pieces: Iterable[bytes]) -> bytes:
-    """Join ``pieces`` in slices of :data:`SNAPSHOT_SLICE`, each followed by a pause long
-    enough to keep the gathering to :data:`SNAPSHOT_DUTY` of the event loop.
+async def _paced(steps: Iterable[T]) -> list[T]:
+    """Every item of ``steps``, taken in slices of :data:`SNAPSHOT_SLICE`, each followed by
+    a pause long enough to keep the work to :data:`SNAPSHOT_DUTY` of the event loop.
 
     At 500 streaming runs a snapshot's pieces take 40-95 ms of the loop (4,500 entities;
     the read model's piece cache spares the unchanged ones). Gathered 64 at a time between
@@ -415,18 +420,18 @@ async def _gather(pieces: Iterable[bytes]) -> bytes:
     ``tools/bench runs``: 110 ms; 62-70 ms spread out). A snapshot then takes 0.4-1 s to be
     gathered, and a restart replays the events committed meanwhile.
     """
-    out: list[bytes] = []
+    out: list[T] = []
     clock = time.perf_counter
     rest = (1 - SNAPSHOT_DUTY) / SNAPSHOT_DUTY  # seconds of pause per second of work
     began = clock()
-    for piece in pieces:
-        out.append(piece)
+    for step in steps:
+        out.append(step)
         worked = clock() - began
         if worked >= SNAPSHOT_SLICE:
             await trio.sleep(worked * rest)
             began = clock()
     await trio.lowlevel.checkpoint()
-    return b"".join(out)
+    return out
 
 
 async def run_journal(

@@ -91,7 +91,9 @@ def read_snapshot_file(seq: int, path: Path) -> tuple[bytes, bytes]:
     return data[:NONCE_SIZE], data[NONCE_SIZE:]
 
 
-def write_snapshot_file(home: Path, seq: int, nonce: bytes, ciphertext: bytes, keep: int) -> None:
+def write_snapshot_file(
+    home: Path, seq: int, nonce: bytes, ciphertext: bytes | memoryview, keep: int
+) -> None:
     """Write a sealed snapshot durably, then drop all but the newest ``keep`` files."""
     folder = home / SNAPSHOT_DIR
     try:
@@ -105,9 +107,10 @@ def write_snapshot_file(home: Path, seq: int, nonce: bytes, ciphertext: bytes, k
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            view = memoryview(nonce + ciphertext)
-            while view:
-                view = view[os.write(fd, view) :]
+            for part in (nonce, ciphertext):  # (not joined: a snapshot is megabytes)
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

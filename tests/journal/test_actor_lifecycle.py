@@ -210,7 +210,7 @@ async def test_a_snapshot_is_gathered_in_slices_that_leave_the_loop_free() -> No
     """Gathering a snapshot's pieces (1 ms of work each here) yields to the event loop
     after every slice and pauses, so another task is never held up for long, and the
     pieces join in order."""
-    from braid_actors.journal._actor import SNAPSHOT_DUTY, _gather
+    from braid_actors.journal._actor import SNAPSHOT_DUTY, _paced
 
     def pieces() -> Iterator[bytes]:
         for n in range(100):
@@ -233,7 +233,7 @@ async def test_a_snapshot_is_gathered_in_slices_that_leave_the_loop_free() -> No
     began = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
-        joined = await _gather(pieces())
+        joined = b"".join(await _paced(pieces()))
         done.set()
     took = time.perf_counter() - began
     assert joined == b"".join(b"%d," % n for n in range(100))
