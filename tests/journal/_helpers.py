@@ -6,10 +6,12 @@ import functools
 import hashlib
 import queue
 import threading
+import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
+import trio.lowlevel
 
 from braid_actors import graph
 from braid_actors.errors import BadRequest
@@ -17,11 +19,13 @@ from braid_actors.journal import CommittedRecord, Journal, NewRecord
 from braid_actors.model import CountingIds
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from pathlib import Path
 
     from braid_actors.journal._store import Staged
     from braid_actors.model import Event
+
+T = TypeVar("T")
 
 SIDE_FILES = ("journal.sqlite3-wal", "journal.sqlite3-shm")
 
@@ -146,3 +150,24 @@ class EventLog:
     def add(self, ev: Event) -> None:
         graph.apply(self.state, ev)
         self.events.append(ev)
+
+
+async def longest_wait_beside(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
+    """Run ``work`` beside a task that only yields, again and again; ``work``'s result and
+    the longest that task waited for its next turn (seconds)."""
+    gaps: list[float] = []
+    done = trio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await trio.lowlevel.checkpoint()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        result = await work()
+        done.set()
+    return result, max(gaps)
