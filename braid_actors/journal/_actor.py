@@ -54,8 +54,9 @@ writer thread between two commits, so that the WAL is written from its start aga
 of growing as long as commits never stop. Snapshots (``snapshot_every``) are taken from the
 admission on the trio thread right after a commit (the graph's is a copy whose canonical JSON
 is gathered in short slices, at most a tenth of the loop's time, between commits), sealed
-(hashed and encrypted) on the trio thread, and written to a file of its own in one of trio's
-threads while commits go on (no commit waits behind a snapshot, see ``_snapfiles``).
+(hashed, then encrypted) on the trio thread in steps paced the same way, and written to a
+file of its own in one of trio's threads while commits go on (no commit waits behind a
+snapshot, see ``_snapfiles``).
 
 Deadline: with ``answer_within``, a watchdog task answers any request still unanswered that
 long after it was made with :class:`JournalTimeout` (see ``_request``); a producer may also
@@ -404,9 +405,9 @@ def _fail(batch: list[Request], why: str) -> None:
 T = TypeVar("T")
 
 SNAPSHOT_SLICE = 0.001
-"""Seconds of gathering a snapshot's pieces at a time on the event loop."""
+"""Seconds of gathering or sealing a snapshot at a time on the event loop."""
 SNAPSHOT_DUTY = 0.1
-"""Share of the event loop's time a snapshot's gathering may take while it lasts."""
+"""Share of the event loop's time a snapshot's gathering or sealing may take while it lasts."""
 
 
 async def _paced(steps: Iterable[T]) -> list[T]:
