@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
@@ -98,3 +99,32 @@ def create_schema(db: sqlite_utils.Database, sealer: Sealer) -> None:
                 {"name": "commits", "value": "0"},
             ]
         )
+
+
+_EVENT_COLUMNS = "seq, stream, type, committed_at, nonce, ciphertext, prev_hash, hash"
+_MAX_ROWS_PER_INSERT = 128
+"""Rows of one multi-row ``INSERT`` (8 parameters each, far below SQLite's limit)."""
+
+
+@functools.cache
+def _insert_events_sql(rows: int) -> str:
+    return f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES " + ",".join(
+        ["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows
+    )
+
+
+def insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` with a few multi-row statements instead of one step per row.
+
+    Each SQLite step releases the interpreter and takes it back, and under load the event
+    loop holds it meanwhile: at a restart reconciling 1,000 runs, ``executemany`` spent
+    ~107 us of wall per row for ~14 us of CPU, waiting for the interpreter after every row.
+    Chunks of a power of two rows (at most :data:`_MAX_ROWS_PER_INSERT`) keep the distinct
+    statements, and so SQLite's statement cache, to a handful.
+    """
+    at, count = 0, len(rows)
+    while at < count:
+        size = min(_MAX_ROWS_PER_INSERT, 1 << ((count - at).bit_length() - 1))
+        params = [value for row in rows[at : at + size] for value in row]
+        conn.execute(_insert_events_sql(size), params)
+        at += size

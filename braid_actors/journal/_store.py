@@ -37,8 +37,6 @@ used by one thread at a time; :meth:`Journal.checkpoint` may run concurrently wi
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import os
 import sqlite3
 import threading
@@ -53,7 +51,7 @@ from braid_actors.errors import (
     JournalError,
     OperationConflict,
 )
-from braid_actors.model._canonical import DIGEST_PREFIX, format_time
+from braid_actors.model._canonical import format_time
 
 from ._crypto import (
     GENESIS_HASH,
@@ -63,7 +61,6 @@ from ._crypto import (
     event_ad_framed,
     frame,
     operation_ad,
-    snapshot_ad,
 )
 from ._encoding import PreparedAppend, encode_payload, prepare_append
 from ._head import HEAD_FILE, Head, HeadFile, read_head
@@ -76,13 +73,13 @@ from ._inspect import (
     open_event,
     open_operation,
     open_snapshot,
-    snapshot_frame,
     sqlite_errors,
     translate_sqlite_error,
 )
 from ._records import CommittedRecord, NewRecord, Operation
-from ._schema import connect_writer, refuse_orphans
+from ._schema import connect_writer, insert_events, refuse_orphans
 from ._snapfiles import delete_snapshot_files, snapshot_files, with_rows, write_snapshot_file
+from ._snapseal import SealedSnapshot, seal_steps
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -90,38 +87,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 KEEP_SNAPSHOTS = 3
-SEAL_STEP = 1 << 18
-"""Bytes of a snapshot hashed or encrypted in one step of its sealing (~0.3-1 ms)."""
 _READ_CHUNK = 1000
-_EVENT_COLUMNS = "seq, stream, type, committed_at, nonce, ciphertext, prev_hash, hash"
-_MAX_ROWS_PER_INSERT = 128
-"""Rows of one multi-row ``INSERT`` (8 parameters each, far below SQLite's limit)."""
-
-
-@functools.cache
-def _insert_events_sql(rows: int) -> str:
-    return f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES " + ",".join(
-        ["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows
-    )
-
-
-def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` with a few multi-row statements instead of one step per row.
-
-    Each SQLite step releases the interpreter and takes it back, and under load the event
-    loop holds it meanwhile: at a restart reconciling 1,000 runs, ``executemany`` spent
-    ~107 us of wall per row for ~14 us of CPU, waiting for the interpreter after every row.
-    Chunks of a power of two rows (at most :data:`_MAX_ROWS_PER_INSERT`) keep the distinct
-    statements, and so SQLite's statement cache, to a handful.
-    """
-    at, count = 0, len(rows)
-    while at < count:
-        size = min(_MAX_ROWS_PER_INSERT, 1 << ((count - at).bit_length() - 1))
-        params = [value for row in rows[at : at + size] for value in row]
-        conn.execute(_insert_events_sql(size), params)
-        at += size
-
-
 _INSERT_OPERATION = (
     "INSERT INTO operations (op_id, command, params_digest, seq, nonce, ciphertext)"
     " VALUES (?, ?, ?, ?, ?, ?)"
@@ -141,15 +107,6 @@ class Staged:
     tip: Head | None
     """The journal's position once committed; None: the batch wrote nothing."""
     has_operations: bool = False
-
-
-@attrs.frozen
-class SealedSnapshot:
-    """A snapshot encrypted and ready to write (see :meth:`Journal.seal_snapshot`)."""
-
-    seq: int
-    nonce: bytes
-    ciphertext: bytes | memoryview
 
 
 class Journal:
@@ -344,7 +301,7 @@ class Journal:
         conn = self._conn
         with self._rolled_back_on_error(has_operations=bool(op_rows)):
             conn.execute("BEGIN")
-            _insert_events(conn, event_rows)
+            insert_events(conn, event_rows)
             if op_rows:
                 conn.executemany(_INSERT_OPERATION, op_rows)
             conn.execute("UPDATE meta SET value = ? WHERE name = 'commits'", (str(tip.commits),))
@@ -484,27 +441,13 @@ class Journal:
         self, seq: int, version: int, state_json: bytes
     ) -> Iterator[SealedSnapshot | None]:
         """:meth:`seal_snapshot_json` in steps that each hash or encrypt at most
-        :data:`SEAL_STEP` bytes: None after each step, the sealed snapshot last.
+        :data:`~._snapseal.SEAL_STEP` bytes: None after each step, the sealed snapshot last.
 
         The journal actor seals between commits, a step at a time: sealed at once, 1.8 MB
         held the event loop for 6-7 ms, and the acknowledgements waiting meanwhile were
         half of those past the p99 of ``tools/bench runs``.
         """
-        if type(seq) is not int or seq < 0 or type(version) is not int:
-            raise ValueError("a snapshot needs an integer seq >= 0 and an integer version")
-        state = memoryview(state_json)
-        hasher = hashlib.sha256()
-        for at in range(0, len(state), SEAL_STEP):
-            hasher.update(state[at : at + SEAL_STEP])
-            yield None
-        head, tail = snapshot_frame(DIGEST_PREFIX + hasher.hexdigest(), seq, version)
-        sealing = self._sealer.sealing(snapshot_ad(seq), len(head) + len(state) + len(tail))
-        sealing.add(head)
-        for at in range(0, len(state), SEAL_STEP):
-            sealing.add(state[at : at + SEAL_STEP])
-            yield None
-        sealing.add(tail)
-        yield SealedSnapshot(seq, sealing.nonce, sealing.finish())
+        return seal_steps(self._sealer, seq, version, state_json)
 
     def write_snapshot(self, sealed: SealedSnapshot) -> None:
         """Write a sealed snapshot durably and drop all but the newest few.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from braid_actors.journal import Journal
 from braid_actors.journal._actor import _paced
 from braid_actors.journal._crypto import Sealer
-from braid_actors.journal._store import SEAL_STEP
+from braid_actors.journal._snapseal import SEAL_STEP
 
 from ._helpers import longest_wait_beside
 

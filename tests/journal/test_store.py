@@ -25,7 +25,8 @@ from braid_actors.journal._crypto import (
 )
 from braid_actors.journal._encoding import canonical_bytes, prepare_append
 from braid_actors.journal._snapfiles import SNAPSHOT_DIR, snapshot_files
-from braid_actors.journal._store import KEEP_SNAPSHOTS, SealedSnapshot
+from braid_actors.journal._snapseal import SealedSnapshot
+from braid_actors.journal._store import KEEP_SNAPSHOTS
 from braid_actors.model._canonical import canonical_json, digest, digest_bytes
 
 from ._helpers import rec
