@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 PARALLEL_MIN_BYTES: Final = 8_000_000
 """Below this many bytes in all the files, one process ingests them: a spawned worker
 needs about 0.2 s (a fresh interpreter importing the package) before it helps."""
+CHECKPOINT_WAIT: Final = 0.05
+"""Most seconds a checkpoint round waits for a writer to finish or for readers of older
+snapshots to move on (see :func:`background_checkpoints`); then it gives the round up."""
 CHECKPOINT_EVERY: Final = 0.25
 """Seconds between the WAL checkpoints of a parallel ingest (see
 :func:`background_checkpoints`)."""
@@ -327,10 +330,17 @@ def background_checkpoints(home: Path, every: float = CHECKPOINT_EVERY) -> Itera
     transaction that began with every frame copied, which beside ingesting processes a
     ``PASSIVE`` checkpoint never leaves, and the WAL of the bench's ingest grew to 206 MB
     (Claude Code files) and 341 MB (Codex), all of it written to newly allocated blocks.
-    A failed checkpoint leaves the commits in the WAL, where the next one (or an
+    A round waits at most :data:`CHECKPOINT_WAIT` for a writer to finish or for readers of
+    older snapshots (a ``braid evidence serve`` request, say) to move on, and then gives
+    up until the next one, so a reader that stays on an old snapshot holds no commit for
+    longer. A failed checkpoint leaves the commits in the WAL, where the next one (or an
     automatic one of the store) copies them, so it only ends the thread.
     """
     conn = connect(home)
+    # While a RESTART waits, no writer may begin; with the connection's default busy
+    # timeout (5 s) a reader left on an old snapshot held every commit that long, round
+    # after round, and a writer then failed with "database is locked".
+    conn.execute(f"PRAGMA busy_timeout={int(CHECKPOINT_WAIT * 1000)}")
     stop = threading.Event()
 
     def run() -> None:

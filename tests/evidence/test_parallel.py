@@ -25,6 +25,7 @@ from braid_actors.errors import EvidenceInvalidArgument
 from braid_actors.evidence import PARALLEL_MIN_BYTES, EvidenceStore, worker_count
 from braid_actors.evidence._parallel import (
     AHEAD_FILES,
+    CHECKPOINT_WAIT,
     Job,
     Reports,
     Turns,
@@ -427,3 +428,38 @@ def test_the_wal_starts_over_while_writers_keep_committing(tmp_path: Path) -> No
                 committed += 200_000
                 largest = max(largest, wal.stat().st_size)
     assert largest < committed / 4
+
+
+def test_a_reader_holding_an_old_snapshot_stalls_no_writer_beyond_the_checkpoint_wait(
+    tmp_path: Path,
+) -> None:
+    """``RESTART`` keeps writers out while it waits for readers of older snapshots (a
+    ``braid evidence serve`` request beside an ingest): the checkpoint thread waits at most
+    ``CHECKPOINT_WAIT`` for them, then gives the round up, so a commit is never held for
+    the connection's 5 s default busy timeout."""
+    home = tmp_path / "home"
+    with EvidenceStore.open(home):
+        pass
+    db = home / "evidence.sqlite3"
+    slowest = 0.0
+    with (
+        closing(sqlite3.connect(db, isolation_level=None)) as writer,
+        closing(sqlite3.connect(db, isolation_level=None)) as reader,
+    ):
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("PRAGMA busy_timeout=10000")
+        writer.execute("CREATE TABLE scratch(data BLOB)")
+        writer.execute("INSERT INTO scratch VALUES (?)", (b"x",))
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM scratch").fetchone()  # holds this snapshot
+        with background_checkpoints(home, every=0.02):
+            ends = time.monotonic() + 1.5
+            while time.monotonic() < ends:
+                time.sleep(0.005)
+                began = time.monotonic()
+                writer.execute("BEGIN IMMEDIATE")
+                writer.execute("INSERT INTO scratch VALUES (?)", (os.urandom(1000),))
+                writer.execute("COMMIT")
+                slowest = max(slowest, time.monotonic() - began)
+        reader.execute("COMMIT")
+    assert slowest < CHECKPOINT_WAIT + 0.5, f"a commit waited {slowest:.2f} s"
