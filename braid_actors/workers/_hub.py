@@ -6,7 +6,8 @@ alive and hundreds of thread hops per interval. An :class:`ObservationHub` keeps
 :class:`~braid_actors.workers.TreeObserver` per watched tree and, once per ``interval``,
 samples every tree that is not still busy with its previous sample in one thread call per
 chunk of :data:`CHUNK` trees (so no single call holds the interpreter for long), the chunks
-spread over half the interval, sharing one :class:`~braid_actors.workers.ProcessTable`.
+spread over half the interval, sharing one :class:`~braid_actors.workers.ProcessTable` that
+is read once per tick (it expires at each tick and lasts an interval otherwise).
 
 Each sample is handed to its watcher's ``on_sample`` in a short-lived task of the *watcher's*
 nursery (the run owns what its callback does, and its callback's failures are the run's),
@@ -71,7 +72,8 @@ class ObservationHub:
     interval: float
     argv_limit: int = ARGV_LIMIT
     table: ProcessTable | None = None
-    """Shared by the observers; by default one that lasts a quarter interval."""
+    """Shared by the observers and expired at each tick; by default one that lasts an
+    interval (so the samples between two ticks, a new watch's first ones, share it too)."""
     _watches: list[Watch] = attrs.Factory(list)
     _new: trio.Event = attrs.Factory(trio.Event)
     ticks: int = 0
@@ -81,7 +83,7 @@ class ObservationHub:
         if not self.interval > 0:
             raise ValueError("interval must be positive")
         if self.table is None:
-            self.table = ProcessTable(max_age=self.interval / 4)
+            self.table = ProcessTable(max_age=self.interval)
 
     @property
     def watching(self) -> int:
@@ -120,6 +122,14 @@ class ObservationHub:
                 continue
             if tick:
                 self.ticks += 1
+                # One read of every process's parent per tick, shared by all its chunks.
+                # It lasted a quarter interval while the chunks spread over half of one,
+                # so each tick read it two or three times: at 500 idle runs sampled every
+                # 0.5 s (a scan of ~1,000 /proc entries each time) that was a quarter of
+                # the supervisor's samples. A child started after the read waits for the
+                # next tick, as one started after any read does.
+                assert self.table is not None
+                self.table.expire()
             for w in due:
                 w.busy = True
             chunks = range(0, len(due), CHUNK)

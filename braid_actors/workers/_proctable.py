@@ -78,6 +78,11 @@ class ProcessTable:
                 self._children = {ppid: tuple(sorted(pids)) for ppid, pids in grouped.items()}
             return self._children
 
+    def expire(self) -> None:
+        """Make the next caller read the system's table anew, whatever its age."""
+        with self._lock:
+            self._table = None
+
     def _fresh(self) -> Mapping[int, int]:
         now = self._clock()
         if self._table is None or self.max_age == 0 or now - self._read_at >= self.max_age:

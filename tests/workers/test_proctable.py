@@ -64,6 +64,16 @@ def test_a_table_is_read_once_per_max_age() -> None:
     assert table.reads == len(reads) == 2
 
 
+def test_an_expired_table_is_read_anew_whatever_its_age() -> None:
+    clock = Clock()
+    tables = [{1: 0, 7: 1}, {1: 0, 8: 1}]
+    table = ProcessTable(60.0, clock=clock, read=lambda: tables.pop(0))
+    assert table.children() == {0: (1,), 1: (7,)}
+    table.expire()
+    assert table.children() == {0: (1,), 1: (8,)}  # read and grouped again at once
+    assert table.reads == 2
+
+
 def test_children_are_grouped_once_per_read_in_pid_order() -> None:
     clock = Clock()
     tables = [{1: 0, 30: 1, 7: 1, 12: 7, 9: 1}, {1: 0, 5: 1}]
