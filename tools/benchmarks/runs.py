@@ -1,7 +1,8 @@
 """``tools/bench runs``: many concurrent real runs, and a restart with many active runs.
 
 (a) N concurrent runs, each a real local worker process streaming R events/s for S s,
-    through the in-process supervisor (journal actor, run actors, observation). Every
+    through the in-process supervisor (journal actor, run actors, observation of every
+    run's processes every ``--observe-interval`` s, by default braid serve's 0.5 s). Every
     worker first waits, idle, for one common start line (``?at``, ``--margin`` seconds after
     submission), so all N stream at once in the measured window: the supervisor's CPU
     share of one core, p50/p99 event -> durable ack (time from the run actor's submit
@@ -52,8 +53,6 @@ from braid_actors.providers import LocalProvider, LocalTimeouts
 from braid_actors.supervisor import DEFAULT_OBSERVE_INTERVAL, RunsSupervisor
 from braid_actors.workers import encode_message, spool_path
 from braid_actors.workers._pipes import TICK
-
-OBSERVE_INTERVAL = 5.0  # braid serve: DEFAULT_OBSERVE_INTERVAL (0.5 s); the output says both
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -107,16 +106,43 @@ def _main_thread_cpu(me: psutil.Process) -> float:
     return sum(t.user_time + t.system_time for t in me.threads() if t.id == main)
 
 
-def _thread_cpu(me: psutil.Process) -> dict[str, float]:
-    """CPU seconds per thread name of this process, and of it in the kernel (``name/sys``);
-    threads that ended are not listed."""
+def _thread_cpu(me: psutil.Process) -> dict[int, tuple[float, float, str]]:
+    """CPU seconds of each thread of this process now, of it in the kernel, and the
+    thread's name now, by native thread id."""
     names = {t.native_id: t.name for t in threading.enumerate()}
+    return {
+        t.id: (t.user_time + t.system_time, t.system_time, names.get(t.id, ""))
+        for t in me.threads()
+    }
+
+
+def _thread_shares(
+    before: dict[int, tuple[float, float, str]],
+    after: dict[int, tuple[float, float, str]],
+    process_cpu: float,
+    seconds: float,
+) -> dict[str, float]:
+    """Share of one core per kind of thread over a window (and in the kernel, ``kind/sys``),
+    the event loop's thread left out.
+
+    A thread is counted by its native id, so one that trio renames for each job it runs
+    (``to_thread`` names its cached threads after the job) stays one thread; what the
+    threads that started or ended within the window used cannot be split from the
+    readings, and is the process's CPU minus every thread read at both ends."""
+    main = threading.main_thread().native_id
     out: dict[str, float] = {}
-    for t in me.threads():
-        name = names.get(t.id, "other")
-        name = "trio threads" if name.startswith(("Trio", "_sample_all")) else name
-        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
-        out[name + "/sys"] = out.get(name + "/sys", 0.0) + t.system_time
+    counted = 0.0
+    for tid, (cpu, sys, name) in after.items():
+        if tid not in before:
+            continue
+        used, kernel = cpu - before[tid][0], sys - before[tid][1]
+        counted += used
+        if tid == main:
+            continue
+        kind = name if name == "braid-journal-writer" else "other threads (trio's workers)"
+        out[kind] = out.get(kind, 0.0) + used / seconds
+        out[kind + "/sys"] = out.get(kind + "/sys", 0.0) + kernel / seconds
+    out["threads that started or ended meanwhile"] = max(0.0, process_cpu - counted) / seconds
     return out
 
 
@@ -149,7 +175,7 @@ def _idle_ready(app: BraidApp, run_id: str) -> bool:
 
 
 async def concurrent(
-    n_runs: int, seconds: float, rate: float, branches: int, margin: float
+    n_runs: int, seconds: float, rate: float, branches: int, margin: float, observe: float
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="braid-bench-runs-"))
     workspace = root / "ws"
@@ -227,7 +253,7 @@ async def concurrent(
                             timeouts=LocalTimeouts(idle=margin + 120),
                         )
                     },
-                    observe_interval=OBSERVE_INTERVAL,
+                    observe_interval=observe,
                     admission_limit=n_runs,
                     settle=True,  # tuned as braid serve and braid headless are
                 )
@@ -288,6 +314,7 @@ async def concurrent(
             machine0 = _machine_ticks()
             loop0 = _main_thread_cpu(me)
             threads0 = _thread_cpu(me)
+            main_tid = threading.main_thread().native_id or 0
             hub = app.runs.pipes
             hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             await trio.sleep(min(10.0, seconds / 2))
@@ -338,14 +365,9 @@ async def concurrent(
         "gc_longest_ms": gc_longest[0] * 1000,
         "gc_longest_generation": gc_longest[1],
         "loop_share": (loop1 - loop0) / (w1 - w0),
-        "thread_shares": {
-            name: (cpu - threads0.get(name, 0.0)) / (w1 - w0)
-            for name, cpu in sorted(threads1.items())
-            if not name.startswith(threading.main_thread().name)
-        },
+        "thread_shares": _thread_shares(threads0, threads1, cpu1 - cpu0, w1 - w0),
         "loop_sys_share": (
-            threads1.get(threading.main_thread().name + "/sys", 0.0)
-            - threads0.get(threading.main_thread().name + "/sys", 0.0)
+            threads1.get(main_tid, (0.0, 0.0, ""))[1] - threads0.get(main_tid, (0.0, 0.0, ""))[1]
         )
         / (w1 - w0),
         "hub_passes_per_s": (hub1[0] - hub0[0]) / (w1 - w0),
@@ -544,11 +566,19 @@ def main(argv: list[str]) -> int:
         "runner's idle deadline is set 120 s longer: a worker started first is silent "
         "that long)",
     )
+    parser.add_argument(
+        "--observe-interval",
+        type=float,
+        default=DEFAULT_OBSERVE_INTERVAL,
+        help="seconds between two samples of each run's processes (default: braid serve's)",
+    )
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--active", type=int, default=1_000)
     parser.add_argument("--skip-concurrent", action="store_true")
     parser.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.observe_interval > 0:
+        parser.error("--observe-interval must be positive")
     if not args.margin > 0:
         parser.error("--margin must be above 0")
     if args.switch_interval is not None:
@@ -557,7 +587,15 @@ def main(argv: list[str]) -> int:
         sys.setswitchinterval(args.switch_interval)
     print(f"runs benchmark on {os.cpu_count()} CPUs")
     if not args.skip_concurrent:
-        a = trio.run(concurrent, args.runs, args.seconds, args.rate, args.branches, args.margin)
+        a = trio.run(
+            concurrent,
+            args.runs,
+            args.seconds,
+            args.rate,
+            args.branches,
+            args.margin,
+            args.observe_interval,
+        )
         offered = a["runs"] * args.rate
         kept_up = a["events_per_s"] >= 0.9 * offered
         # A low CPU share is no pass when the supervisor did not keep up with the offered
@@ -572,7 +610,7 @@ def main(argv: list[str]) -> int:
             f"(all started and idle after {a['start_all_s']:.1f} s; "
             f"{a['streaming']} streaming in the window"
             f"{'; the start line passed before all were idle' if a['late'] else ''}; "
-            f"each run's processes sampled every {OBSERVE_INTERVAL:g} s, braid serve's "
+            f"each run's processes sampled every {args.observe_interval:g} s, braid serve's "
             f"default is {DEFAULT_OBSERVE_INTERVAL:g} s)"
         )
         print(
@@ -598,7 +636,8 @@ def main(argv: list[str]) -> int:
         )
         shares = a["thread_shares"]
         listed = ", ".join(
-            f"{n} {v * 100:.1f}% (kernel {shares.get(n + '/sys', 0.0) * 100:.1f}%)"
+            f"{n} {v * 100:.1f}%"
+            + (f" (kernel {shares[n + '/sys'] * 100:.1f}%)" if n + "/sys" in shares else "")
             for n, v in shares.items()
             if not n.endswith("/sys")
         )
