@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from braid_actors.app._service import GC_THRESHOLDS, SWITCH_INTERVAL
+from braid_actors.app._service import GC_THRESHOLDS, OPEN_FILES_CEILING, SWITCH_INTERVAL
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,6 +35,27 @@ def test_tuning_freezes_the_heap_and_sets_the_collector_and_switch_interval() ->
     assert after[0] == SWITCH_INTERVAL == 0.001
     assert tuple(after[1]) == GC_THRESHOLDS
     assert after[2] > 10_000  # the imports are out of later passes
+
+
+LIMIT_PROBE = """
+import json, resource
+from braid_actors.app import tune_process
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+tune_process()
+print(json.dumps([hard, resource.getrlimit(resource.RLIMIT_NOFILE)[0]]))
+"""
+
+
+def test_tuning_raises_the_open_files_limit_to_the_hard_limit() -> None:
+    """A process started with a soft limit of 256 open files (far below what hundreds of
+    runs' pipes need) runs Braid with its hard limit (or 2**20 when that is unlimited)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LIMIT_PROBE], capture_output=True, text=True, timeout=60, check=True
+    )
+    hard, soft = json.loads(done.stdout)
+    assert hard > 256
+    assert soft == (OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard)
 
 
 OPEN_PROBE = """
