@@ -51,9 +51,15 @@ if TYPE_CHECKING:
 PARALLEL_MIN_BYTES: Final = 8_000_000
 """Below this many bytes in all the files, one process ingests them: a spawned worker
 needs about 0.2 s (a fresh interpreter importing the package) before it helps."""
-CHECKPOINT_WAIT: Final = 0.05
+CHECKPOINT_WAIT: Final = 1.0
 """Most seconds a checkpoint round waits for a writer to finish or for readers of older
-snapshots to move on (see :func:`background_checkpoints`); then it gives the round up."""
+snapshots to move on (see :func:`background_checkpoints`); then it gives the round up.
+
+With 5 s (the connection's default), a reader left on an old snapshot kept writers out
+round after round, and a commit failed. With 50 ms, rounds gave up so often beside two
+busy writers that the WAL grew again: Codex files of the bench (23 copies, 2 processes,
+9-16 runs each), WAL peaks 77-300 MB (median 122) at 50 ms, 78-232 (106) at 0.25 s,
+80-220 (95) at 1 s and 80-167 (92) at 5 s."""
 CHECKPOINT_EVERY: Final = 0.25
 """Seconds between the WAL checkpoints of a parallel ingest (see
 :func:`background_checkpoints`)."""
@@ -332,15 +338,16 @@ def background_checkpoints(home: Path, every: float = CHECKPOINT_EVERY) -> Itera
     (Claude Code files) and 341 MB (Codex), all of it written to newly allocated blocks.
     A round waits at most :data:`CHECKPOINT_WAIT` for a writer to finish or for readers of
     older snapshots (a ``braid evidence serve`` request, say) to move on, and then gives
-    up until the next one, so a reader that stays on an old snapshot holds no commit for
-    longer. A failed checkpoint leaves the commits in the WAL, where the next one (or an
-    automatic one of the store) copies them, so it only ends the thread.
+    up until the next one, so a reader that stays on an old snapshot holds a commit at
+    most that long, and writers still get a share of every round. A failed checkpoint
+    leaves the commits in the WAL, where the next one (or an automatic one of the store)
+    copies them, so it only ends the thread.
     """
     conn = connect(home)
     # While a RESTART waits, no writer may begin; with the connection's default busy
     # timeout (5 s) a reader left on an old snapshot held every commit that long, round
     # after round, and a writer then failed with "database is locked".
-    conn.execute(f"PRAGMA busy_timeout={int(CHECKPOINT_WAIT * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout={round(CHECKPOINT_WAIT * 1000)}")
     stop = threading.Event()
 
     def run() -> None:

@@ -435,13 +435,15 @@ def test_a_reader_holding_an_old_snapshot_stalls_no_writer_beyond_the_checkpoint
 ) -> None:
     """``RESTART`` keeps writers out while it waits for readers of older snapshots (a
     ``braid evidence serve`` request beside an ingest): the checkpoint thread waits at most
-    ``CHECKPOINT_WAIT`` for them, then gives the round up, so a commit is never held for
-    the connection's 5 s default busy timeout."""
+    ``CHECKPOINT_WAIT`` for them, then gives the round up, so a commit waits no longer and
+    writers still commit between rounds. (With the connection's default 5 s busy timeout,
+    this writer failed with "database is locked" after 10 s.)"""
     home = tmp_path / "home"
     with EvidenceStore.open(home):
         pass
     db = home / "evidence.sqlite3"
     slowest = 0.0
+    commits = 0
     with (
         closing(sqlite3.connect(db, isolation_level=None)) as writer,
         closing(sqlite3.connect(db, isolation_level=None)) as reader,
@@ -452,8 +454,8 @@ def test_a_reader_holding_an_old_snapshot_stalls_no_writer_beyond_the_checkpoint
         writer.execute("INSERT INTO scratch VALUES (?)", (b"x",))
         reader.execute("BEGIN")
         reader.execute("SELECT COUNT(*) FROM scratch").fetchone()  # holds this snapshot
-        with background_checkpoints(home, every=0.02):
-            ends = time.monotonic() + 1.5
+        with background_checkpoints(home, every=0.1):
+            ends = time.monotonic() + 3 * CHECKPOINT_WAIT
             while time.monotonic() < ends:
                 time.sleep(0.005)
                 began = time.monotonic()
@@ -461,5 +463,7 @@ def test_a_reader_holding_an_old_snapshot_stalls_no_writer_beyond_the_checkpoint
                 writer.execute("INSERT INTO scratch VALUES (?)", (os.urandom(1000),))
                 writer.execute("COMMIT")
                 slowest = max(slowest, time.monotonic() - began)
+                commits += 1
         reader.execute("COMMIT")
     assert slowest < CHECKPOINT_WAIT + 0.5, f"a commit waited {slowest:.2f} s"
+    assert commits >= 3
