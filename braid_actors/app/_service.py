@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import os
+import resource
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -362,10 +363,6 @@ def raise_open_files_limit() -> None:
     process by default, and a spawn or a pipe then fails with "Too many open files"
     although the hard limit allows far more (the Go runtime raises its own limit the same
     way). Worker processes inherit the raised limit."""
-    try:
-        import resource  # (POSIX only)
-    except ImportError:
-        return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and soft < wanted:

@@ -344,9 +344,6 @@ def background_checkpoints(home: Path, every: float = CHECKPOINT_EVERY) -> Itera
     copies them, so it only ends the thread.
     """
     conn = connect(home)
-    # While a RESTART waits, no writer may begin; with the connection's default busy
-    # timeout (5 s) a reader left on an old snapshot held every commit that long, round
-    # after round, and a writer then failed with "database is locked".
     conn.execute(f"PRAGMA busy_timeout={round(CHECKPOINT_WAIT * 1000)}")
     stop = threading.Event()
 

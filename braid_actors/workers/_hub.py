@@ -125,8 +125,8 @@ class ObservationHub:
                 # One read of every process's parent per tick, shared by all its chunks.
                 # It lasted a quarter interval while the chunks spread over half of one,
                 # so each tick read it two or three times: at 500 idle runs sampled every
-                # 0.5 s (a scan of ~1,000 /proc entries each time) that was a quarter of
-                # the supervisor's samples. A child started after the read waits for the
+                # 0.5 s (each a scan of every process on the machine) that was a quarter
+                # of the supervisor's py-spy samples. A child started after the read waits for the
                 # next tick, as one started after any read does.
                 assert self.table is not None
                 self.table.expire()

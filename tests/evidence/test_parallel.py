@@ -406,27 +406,34 @@ def test_a_thread_checkpoints_the_wal_while_a_parallel_ingest_runs(tmp_path: Pat
     assert "braid-evidence-checkpoints" not in [t.name for t in threading.enumerate()]
 
 
+@contextmanager
+def _scratch_writer(home: Path) -> Iterator[sqlite3.Connection]:
+    """A new store under ``home`` and a connection writing its ``scratch(data)`` table, with
+    no automatic checkpoint (as the ingesting processes) and a 10 s busy timeout."""
+    with EvidenceStore.open(home):
+        pass
+    with closing(sqlite3.connect(home / "evidence.sqlite3", isolation_level=None)) as writer:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("PRAGMA busy_timeout=10000")
+        writer.execute("CREATE TABLE scratch(data BLOB)")
+        yield writer
+
+
 def test_the_wal_starts_over_while_writers_keep_committing(tmp_path: Path) -> None:
     """With the thread checkpointing beside a writer that commits every millisecond,
     commits write the WAL from its start again: it stays far smaller than what was
     committed (6-9% of it in 8 trials; with ``PASSIVE`` checkpoints alone it held all of
     it in every trial)."""
     home = tmp_path / "home"
-    with EvidenceStore.open(home):
-        pass
     wal = home / "evidence.sqlite3-wal"
     committed = 0
     largest = 0
-    with closing(sqlite3.connect(home / "evidence.sqlite3", isolation_level=None)) as writer:
-        writer.execute("PRAGMA wal_autocheckpoint=0")
-        writer.execute("PRAGMA busy_timeout=5000")
-        writer.execute("CREATE TABLE scratch(data BLOB)")
-        with background_checkpoints(home, every=0.02):
-            while committed < 40_000_000:
-                time.sleep(0.001)  # (an ingest prepares its next file between commits)
-                writer.execute("INSERT INTO scratch VALUES (?)", (os.urandom(200_000),))
-                committed += 200_000
-                largest = max(largest, wal.stat().st_size)
+    with _scratch_writer(home) as writer, background_checkpoints(home, every=0.02):
+        while committed < 40_000_000:
+            time.sleep(0.001)  # (an ingest prepares its next file between commits)
+            writer.execute("INSERT INTO scratch VALUES (?)", (os.urandom(200_000),))
+            committed += 200_000
+            largest = max(largest, wal.stat().st_size)
     assert largest < committed / 4
 
 
@@ -439,18 +446,12 @@ def test_a_reader_holding_an_old_snapshot_stalls_no_writer_beyond_the_checkpoint
     writers still commit between rounds. (With the connection's default 5 s busy timeout,
     this writer failed with "database is locked" after 10 s.)"""
     home = tmp_path / "home"
-    with EvidenceStore.open(home):
-        pass
-    db = home / "evidence.sqlite3"
     slowest = 0.0
     commits = 0
     with (
-        closing(sqlite3.connect(db, isolation_level=None)) as writer,
-        closing(sqlite3.connect(db, isolation_level=None)) as reader,
+        _scratch_writer(home) as writer,
+        closing(sqlite3.connect(home / "evidence.sqlite3", isolation_level=None)) as reader,
     ):
-        writer.execute("PRAGMA wal_autocheckpoint=0")
-        writer.execute("PRAGMA busy_timeout=10000")
-        writer.execute("CREATE TABLE scratch(data BLOB)")
         writer.execute("INSERT INTO scratch VALUES (?)", (b"x",))
         reader.execute("BEGIN")
         reader.execute("SELECT COUNT(*) FROM scratch").fetchone()  # holds this snapshot

@@ -99,13 +99,6 @@ class _GcClock:
                 self.longest, self.longest_generation = took, info["generation"]
 
 
-def _main_thread_cpu(me: psutil.Process) -> float:
-    """CPU seconds of the event loop's thread (the rest is the journal's commit threads,
-    the observation hub's thread and the interpreter's own)."""
-    main = threading.main_thread().native_id
-    return sum(t.user_time + t.system_time for t in me.threads() if t.id == main)
-
-
 def _thread_cpu(me: psutil.Process) -> dict[int, tuple[float, float, str]]:
     """CPU seconds of each thread of this process now, of it in the kernel, and the
     thread's name now, by native thread id."""
@@ -312,9 +305,7 @@ async def concurrent(
             gc_clock.longest = 0.0
             cpu0, w0, gc0 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             machine0 = _machine_ticks()
-            loop0 = _main_thread_cpu(me)
             threads0 = _thread_cpu(me)
-            main_tid = threading.main_thread().native_id or 0
             hub = app.runs.pipes
             hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             await trio.sleep(min(10.0, seconds / 2))
@@ -324,7 +315,6 @@ async def concurrent(
             stage_window = list(stages)
             machine = _machine_shares(machine0, _machine_ticks())
             gc_longest = (gc_clock.longest, gc_clock.longest_generation)
-            loop1 = _main_thread_cpu(me)
             threads1 = _thread_cpu(me)
             hub1 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             load1 = await trio.to_thread.run_sync(_cpu_of, workers)
@@ -355,6 +345,8 @@ async def concurrent(
         Journal.finish_staged = commit_original  # type: ignore[method-assign]
         gc.callbacks.remove(gc_clock)
         shutil.rmtree(root, ignore_errors=True)
+    main_tid = threading.main_thread().native_id or 0
+    loop0, loop1 = threads0[main_tid], threads1[main_tid]
     return {
         "gc_share": (gc1 - gc0) / (w1 - w0),
         "commits_per_s": len(commit_window) / (w1 - w0),
@@ -364,12 +356,10 @@ async def concurrent(
         "stage_p99_ms": _pct(stage_window, 0.99) * 1000 if stage_window else float("nan"),
         "gc_longest_ms": gc_longest[0] * 1000,
         "gc_longest_generation": gc_longest[1],
-        "loop_share": (loop1 - loop0) / (w1 - w0),
+        # the event loop's thread: its CPU, and of it in the kernel
+        "loop_share": (loop1[0] - loop0[0]) / (w1 - w0),
         "thread_shares": _thread_shares(threads0, threads1, cpu1 - cpu0, w1 - w0),
-        "loop_sys_share": (
-            threads1.get(main_tid, (0.0, 0.0, ""))[1] - threads0.get(main_tid, (0.0, 0.0, ""))[1]
-        )
-        / (w1 - w0),
+        "loop_sys_share": (loop1[1] - loop0[1]) / (w1 - w0),
         "hub_passes_per_s": (hub1[0] - hub0[0]) / (w1 - w0),
         "hub_fast_per_s": (hub1[1] - hub0[1]) / (w1 - w0),
         "runs": n_runs,
