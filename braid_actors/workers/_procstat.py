@@ -4,9 +4,13 @@ psutil reads a member's figures from four files and a syscall (``stat`` twice, o
 check the pid still names the process, ``statm``, ``cmdline``, ``getpgid``), ~75 us a
 member; a sample of hundreds of trees per interval is then a large share of a core. The
 stat line alone holds the state, the parent, the process group, the CPU times (own and
-reaped children) and the start tick; with ``statm`` (the resident set) and ``cmdline``,
-three reads, ~17 us. The figures are psutil's: the same fields of the same files, divided
+reaped children), the start tick and the executable's name; with ``statm`` (the resident
+set), two reads. The figures are psutil's: the same fields of the same files, divided
 the same way (ticks by ``SC_CLK_TCK``, pages by the page size), the same status names.
+The resident set is ``statm``'s, not the stat line's: on this kernel (6.18) the stat line's
+figure is the per-CPU counters' approximate reading and ``statm``'s their exact sum, 1-7%
+apart for 6 of 66 processes read one after the other. ``cmdline`` is read again only when
+the executable's name changes (see :class:`~braid_actors.workers.TreeObserver`).
 
 Identity: the start tick of a process never changes and two processes that share a pid
 start at different ticks, so a member is the same process exactly when its stat line shows
@@ -48,6 +52,8 @@ _STATUSES: Final = {
 class StatLine:
     """The fields of one ``/proc/<pid>/stat`` line a tree sample uses."""
 
+    comm: bytes
+    """The executable's name as the kernel keeps it (set anew by each ``exec``)."""
     status: str
     ppid: int
     pgid: int
@@ -94,9 +100,11 @@ def read_stat(pid: int) -> StatLine | None:
         raise Unreadable(str(exc)) from None
     # "pid (comm) state ppid pgrp ...": comm may hold spaces and ")", so the fields are read
     # after the last ")" (as psutil does).
-    fields = data[data.rfind(b")") + 2 :].split()
+    close = data.rfind(b")")
+    fields = data[close + 2 :].split()
     try:
         return StatLine(
+            comm=data[data.find(b"(") + 1 : close],
             status=_STATUSES.get(fields[0], "?"),
             ppid=int(fields[1]),
             pgid=int(fields[2]),

@@ -47,6 +47,8 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     made: list[subprocess.Popen[bytes]] = []
     yield made
     for child in made:
+        if child.stdin is not None:
+            child.stdin.close()
         if child.poll() is None:
             child.kill()
         child.wait()
@@ -140,3 +142,71 @@ def test_a_proc_file_reads_whole_as_open_reads_it(children: list[subprocess.Pope
     assert _procstat.read_argv(child.pid) == psutil.Process(child.pid).cmdline()
     with pytest.raises(FileNotFoundError):
         _procstat.read_proc_file(f"/proc/{2**22 + 1}/stat")
+
+
+def test_the_command_line_is_read_again_after_an_exec_only(
+    children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known member's ``cmdline`` is not read again while its executable stays the same;
+    after an exec (same pid, a new executable name) its snapshot shows the new command."""
+    reads: list[int] = []
+    real = _procstat.read_argv
+
+    def counted(pid: int) -> list[str] | None:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(_procstat, "read_argv", counted)
+    script = "read line; exec sleep 60"
+    child = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE)
+    children.append(child)
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).cmdline() != ["/bin/sh", "-c", script]:  # until it has exec'd
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    member = _member(child.pid)
+    observer = TreeObserver.of(member.key)
+    first = observer._read_stat(member)
+    assert first is not None and first.snapshot.argv == ("/bin/sh", "-c", script)
+    for _ in range(5):
+        again = observer._read_stat(member)
+        assert again is not None and again.snapshot.argv == first.snapshot.argv
+    assert reads == [child.pid]  # one read of the command line for six readings
+    assert child.stdin is not None
+    child.stdin.write(b"go\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 10
+    while True:
+        after = observer._read_stat(member)
+        assert after is not None  # the same process: an exec keeps the pid and start tick
+        if after.snapshot.argv == ("sleep", "60"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert reads[0] == child.pid and len(reads) >= 2  # read again once the name changed
+    settled = len(reads)
+    assert observer._read_stat(member) is not None
+    assert len(reads) == settled  # and not again while it stays the same
+
+
+def test_an_empty_command_line_is_read_again(
+    children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading in the middle of an exec (the new name, no arguments yet) does not stick:
+    the next reading asks ``cmdline`` again."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    children.append(child)
+    member = _member(child.pid)
+    observer = TreeObserver.of(member.key)
+    monkeypatch.setattr(_procstat, "read_argv", lambda pid: [])
+    empty = observer._read_stat(member)
+    assert empty is not None and empty.snapshot.argv == ()
+    monkeypatch.undo()
+    deadline = time.monotonic() + 10
+    while True:
+        full = observer._read_stat(member)
+        assert full is not None
+        if full.snapshot.argv == tuple(psutil.Process(child.pid).cmdline()):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
