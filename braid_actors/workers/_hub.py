@@ -7,7 +7,8 @@ alive and hundreds of thread hops per interval. An :class:`ObservationHub` keeps
 samples every tree that is not still busy with its previous sample in one thread call per
 chunk of :data:`CHUNK` trees (so no single call holds the interpreter for long), the chunks
 spread over half the interval, sharing one :class:`~braid_actors.workers.ProcessTable` that
-is read once per tick (it expires at each tick and lasts an interval otherwise).
+is read once per tick (it expires at each tick and lasts an interval otherwise), passing over
+the processes that are already members of the trees it samples.
 
 Each sample is handed to its watcher's ``on_sample`` in a short-lived task of the *watcher's*
 nursery (the run owns what its callback does, and its callback's failures are the run's),
@@ -128,8 +129,10 @@ class ObservationHub:
                 # 0.5 s (each a scan of every process on the machine) that was a quarter
                 # of the supervisor's py-spy samples. A child started after the read waits for the
                 # next tick, as one started after any read does.
+                # It passes over the due trees' members (the hub's thread owns an observer
+                # that is not busy): what is looked up is their unknown children.
                 assert self.table is not None
-                self.table.expire()
+                self.table.expire(frozenset(p for w in due for p in w.observer.member_pids()))
             for w in due:
                 w.busy = True
             chunks = range(0, len(due), CHUNK)

@@ -211,6 +211,11 @@ class TreeObserver:
         key = root.key if isinstance(root, ProcessInfo) else root
         return cls(root=key, argv_limit=argv_limit, table=table or ProcessTable())
 
+    def member_pids(self) -> list[str]:
+        """The pids of its members, in decimal (for :meth:`ProcessTable.expire`); call it
+        only while no sample is being taken."""
+        return [str(key.pid) for key in self._members]
+
     def sample(self) -> TreeSample:
         """Read the tree once and report what changed since the previous sample."""
         self._samples += 1

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from braid_actors.workers import ObservationHub, ProcessTable, TreeSample
+from braid_actors.workers import ObservationHub, ProcessTable, TreeSample, read_parent_ids
 from braid_actors.workers._hub import CHUNK
 from tests.workers._procs import python, read_line
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Set
 
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(30)\n"
 SHORT = "import time\nprint('ready', flush=True)\ntime.sleep(0.3)\n"
@@ -129,7 +129,7 @@ async def test_a_failing_sample_fails_its_watcher_only() -> None:
     hub = ObservationHub(0.1)
     quick = Seen()
 
-    def broken() -> dict[int, int]:
+    def broken(skip: Set[str]) -> dict[int, int]:
         raise RuntimeError("the process table could not be read")
 
     async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
@@ -195,3 +195,39 @@ async def test_the_chunks_of_a_tick_share_one_read_of_the_process_table() -> Non
     assert hub.table is not None
     assert samples >= 3 * 130
     assert hub.table.reads <= hub.ticks + 1
+
+
+SPAWN_CHILD = (
+    "import subprocess, sys, time\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+async def test_a_tick_reads_the_table_without_the_members_and_still_finds_new_children() -> None:
+    """At a tick the table passes over the pids of the trees' members (nothing looks up
+    their parents); a child one of them starts is not a member, so it is read and found."""
+    asked: list[Set[str]] = []
+
+    def read(skip: Set[str]) -> Mapping[int, int]:
+        asked.append(skip)
+        return read_parent_ids(skip)
+
+    hub = ObservationHub(0.1, table=ProcessTable(0.1, read=read))
+    seen = Seen()
+    async with python(SPAWN_CHILD) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        hub.watch(worker.info.key, seen, n)
+        await seen.until(lambda samples: len(samples) >= 3)
+        assert str(worker.info.pid) in asked[-1]  # a member: passed over
+        await worker.send({"go": True})
+        child = int(await read_line(worker))
+        await seen.until(lambda samples: any(s.pid == child for x in samples for s in x.new))
+        reads = len(asked)
+        await seen.until(lambda samples: len(asked) > reads)  # the next tick's read
+        n.cancel_scope.cancel()
+    assert {str(worker.info.pid), str(child)} <= asked[-1]  # both members by then

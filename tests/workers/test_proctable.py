@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from braid_actors.workers import ProcessTable, TreeObserver, read_parent_ids
 from tests.workers._procs import python, read_line
+
+if TYPE_CHECKING:
+    from collections.abc import Set
 
 SPAWN_CHILD = (
     "import subprocess, sys, time\n"
@@ -46,11 +52,40 @@ def test_read_parent_ids_agrees_with_psutil() -> None:
     assert agreed >= len(table) * 0.9
 
 
+def test_read_parent_ids_passes_over_the_pids_it_is_told_to() -> None:
+    me = os.getpid()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        table = read_parent_ids(skip={str(me)})
+        assert me not in table
+        assert table[child.pid] == me  # the others are read as before
+        assert read_parent_ids()[me] == os.getppid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_expiry_names_what_the_next_read_passes_over() -> None:
+    asked: list[Set[str]] = []
+
+    def read(skip: Set[str]) -> dict[int, int]:
+        asked.append(skip)
+        return {1: 0}
+
+    table = ProcessTable(60.0, read=read)
+    table.parents()
+    table.expire(frozenset({"7", "9"}))
+    table.parents()
+    table.expire()
+    table.parents()
+    assert asked == [frozenset(), {"7", "9"}, frozenset()]
+
+
 def test_a_table_is_read_once_per_max_age() -> None:
     clock = Clock()
     reads: list[int] = []
 
-    def read() -> dict[int, int]:
+    def read(skip: Set[str]) -> dict[int, int]:
         reads.append(1)
         return {1: 0, len(reads) + 1: 1}
 
@@ -67,7 +102,7 @@ def test_a_table_is_read_once_per_max_age() -> None:
 def test_an_expired_table_is_read_anew_whatever_its_age() -> None:
     clock = Clock()
     tables = [{1: 0, 7: 1}, {1: 0, 8: 1}]
-    table = ProcessTable(60.0, clock=clock, read=lambda: tables.pop(0))
+    table = ProcessTable(60.0, clock=clock, read=lambda skip: tables.pop(0))
     assert table.children() == {0: (1,), 1: (7,)}
     table.expire()
     assert table.children() == {0: (1,), 1: (8,)}  # read and grouped again at once
@@ -78,7 +113,7 @@ def test_children_are_grouped_once_per_read_in_pid_order() -> None:
     clock = Clock()
     tables = [{1: 0, 30: 1, 7: 1, 12: 7, 9: 1}, {1: 0, 5: 1}]
 
-    def read() -> dict[int, int]:
+    def read(skip: Set[str]) -> dict[int, int]:
         return tables.pop(0)
 
     table = ProcessTable(2.0, clock=clock, read=read)
@@ -131,7 +166,7 @@ async def test_a_stale_entry_naming_another_process_is_not_admitted() -> None:
 
         # A table that (wrongly, as a stale one could after pid reuse) names `other` as a
         # child of `root`: the observer re-reads the parent and does not adopt it.
-        table = ProcessTable(60.0, read=lambda: forged)
+        table = ProcessTable(60.0, read=lambda skip: forged)
         observer = TreeObserver.of(root.info, table=table)
         sample = observer.sample()
         assert sample.new == ()
