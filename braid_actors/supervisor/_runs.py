@@ -105,8 +105,8 @@ class RunsSupervisor:
         self.admission_limit = admission_limit
         self.default_limits = default_limits or Limits()
         self.observe_interval = observe_interval
-        # One observer samples every run's worker tree, one thread hop per interval, with
-        # one read of the process table per quarter interval (workers/_hub.py).
+        # One observer samples every run's worker tree each interval, in thread calls of a
+        # chunk of trees, with one read of the process table per tick (workers/_hub.py).
         self.hub = ObservationHub(observe_interval)
         self.pipes = PipeHub() if pipe_hub_supported() else None
         self.artifacts_dir = artifacts_dir

@@ -19,6 +19,7 @@ that found its tree empty, or when its watcher closes it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -79,6 +80,10 @@ class ObservationHub:
     _new: trio.Event = attrs.Factory(trio.Event)
     ticks: int = 0
     """Interval ticks that sampled at least one tree (for tests and benchmarks)."""
+    samples: int = 0
+    """Tree samples taken (for benchmarks)."""
+    sample_cpu_seconds: float = 0.0
+    """CPU time the sampling threads spent taking them (for benchmarks)."""
 
     def __attrs_post_init__(self) -> None:
         if not self.interval > 0:
@@ -142,7 +147,9 @@ class ObservationHub:
                     # then arrive in small groups instead of one burst per tick.
                     await trio.sleep(self.interval / (2 * len(chunks)))
                 chunk = due[start : start + CHUNK]
-                samples = await trio.to_thread.run_sync(_sample_all, chunk)
+                samples, cpu = await trio.to_thread.run_sync(_sample_all, chunk)
+                self.samples += len(chunk)
+                self.sample_cpu_seconds += cpu
                 for w, sample in zip(chunk, samples, strict=True):
                     w.sampled = True
                     if w.closed:
@@ -155,14 +162,15 @@ class ObservationHub:
                         w.closed = True
 
 
-def _sample_all(watches: list[Watch]) -> list[TreeSample | Exception]:
+def _sample_all(watches: list[Watch]) -> tuple[list[TreeSample | Exception], float]:
     """Runs in a worker thread: one sample of each tree (each observer is used by one
-    thread at a time, since a busy watch is never sampled again until delivered); a
-    failure is returned in its tree's place."""
+    thread at a time, since a busy watch is never sampled again until delivered), and the
+    thread's CPU time that took; a failure is returned in its tree's place."""
+    began = time.thread_time()
     samples: list[TreeSample | Exception] = []
     for w in watches:
         try:
             samples.append(w.observer.sample())
         except Exception as exc:  # handed to the tree's own watcher
             samples.append(exc)
-    return samples
+    return samples, time.thread_time() - began

@@ -56,6 +56,9 @@ async def test_watched_trees_are_sampled_every_tick_from_one_table() -> None:
     # Both trees in every tick, but the system's table read once per tick (and once for
     # the first samples before the first tick), not once per tree per tick.
     assert hub.table.reads <= hub.ticks + 1 < len(one_seen.samples) + len(two_seen.samples)
+    # Every delivered sample was counted, with the thread time it took.
+    assert hub.samples >= len(one_seen.samples) + len(two_seen.samples)
+    assert 0 < hub.sample_cpu_seconds < 1.1
 
 
 async def test_a_new_watch_gets_its_first_sample_without_waiting_for_the_tick() -> None:

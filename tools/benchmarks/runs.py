@@ -308,6 +308,8 @@ async def concurrent(
             threads0 = _thread_cpu(me)
             hub = app.runs.pipes
             hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
+            observing = app.runs.hub
+            observed0 = (observing.samples, observing.sample_cpu_seconds)
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             window = list(latencies)
@@ -317,6 +319,7 @@ async def concurrent(
             gc_longest = (gc_clock.longest, gc_clock.longest_generation)
             threads1 = _thread_cpu(me)
             hub1 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
+            observed1 = (observing.samples, observing.sample_cpu_seconds)
             load1 = await trio.to_thread.run_sync(_cpu_of, workers)
             wl1 = time.perf_counter()
             streaming = sum(1 for r in run_ids if app.run(r).events.count > 3)
@@ -362,6 +365,8 @@ async def concurrent(
         "loop_sys_share": (loop1[1] - loop0[1]) / (w1 - w0),
         "hub_passes_per_s": (hub1[0] - hub0[0]) / (w1 - w0),
         "hub_fast_per_s": (hub1[1] - hub0[1]) / (w1 - w0),
+        "samples_per_s": (observed1[0] - observed0[0]) / (w1 - w0),
+        "sampling_share": (observed1[1] - observed0[1]) / (w1 - w0),
         "runs": n_runs,
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
@@ -645,6 +650,11 @@ def main(argv: list[str]) -> int:
             f"    pipe hub: {a['hub_passes_per_s']:,.0f} passes/s, "
             f"{a['hub_fast_per_s']:,.0f} lines/s on the fast path "
             f"({a['hub_fast_per_s'] / max(a['hub_passes_per_s'], 1):.1f} per pass)"
+        )
+        per_sample = a["sampling_share"] / max(a["samples_per_s"], 1e-9) * 1e6
+        print(
+            f"    observation: {a['samples_per_s']:,.0f} tree samples/s, their threads' CPU "
+            f"{a['sampling_share'] * 100:.1f}% of one core ({per_sample:.0f} us a sample)"
         )
         print(
             f"    journal transactions {a['commits_per_s']:,.0f}/s: rows written on the event "
