@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 
     from braid_actors.workers import ProcessInfo, WorkerProcess
 
+SPAWN_CHILD = (
+    "import subprocess, sys, time\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(30)\n"
+)
+"""Waits for a line on stdin, then starts one child and prints its pid."""
+
 FAST = StopPolicy(grace=0.1, term_grace=0.5, kill_grace=2.0)
 
 

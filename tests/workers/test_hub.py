@@ -10,7 +10,7 @@ import trio
 
 from braid_actors.workers import ObservationHub, ProcessTable, TreeSample, read_parent_ids
 from braid_actors.workers._hub import CHUNK
-from tests.workers._procs import python, read_line
+from tests.workers._procs import SPAWN_CHILD, python, read_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Set
@@ -198,16 +198,6 @@ async def test_the_chunks_of_a_tick_share_one_read_of_the_process_table() -> Non
     assert hub.table is not None
     assert samples >= 3 * 130
     assert hub.table.reads <= hub.ticks + 1
-
-
-SPAWN_CHILD = (
-    "import subprocess, sys, time\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.readline()\n"
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-    "print(child.pid, flush=True)\n"
-    "time.sleep(30)\n"
-)
 
 
 async def test_a_tick_reads_the_table_without_the_members_and_still_finds_new_children() -> None:

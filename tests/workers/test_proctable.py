@@ -11,20 +11,10 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from braid_actors.workers import ProcessTable, TreeObserver, read_parent_ids
-from tests.workers._procs import python, read_line
+from tests.workers._procs import SPAWN_CHILD, python, read_line
 
 if TYPE_CHECKING:
     from collections.abc import Set
-
-SPAWN_CHILD = (
-    "import subprocess, sys, time\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.readline()\n"
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-    "print(child.pid, flush=True)\n"
-    "time.sleep(30)\n"
-)
-"""Waits for a line on stdin, then starts one child and prints its pid."""
 
 
 class Clock:
