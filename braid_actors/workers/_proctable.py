@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
-from braid_actors.workers._procstat import read_proc_file
+from braid_actors.workers._procstat import read_proc_counters
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Set
@@ -129,7 +129,7 @@ def _from_proc(skip: Set[str]) -> dict[int, int]:
             if not name.isdigit() or name in skip:
                 continue
             try:
-                data = read_proc_file(f"{_PROC}/{name}/stat")
+                data = read_proc_counters(f"{_PROC}/{name}/stat")
             except OSError:
                 continue
             fields = data.rpartition(b")")[2].split(maxsplit=2)

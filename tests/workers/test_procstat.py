@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -125,23 +127,53 @@ def test_a_proc_file_reads_whole_as_open_reads_it(children: list[subprocess.Pope
     while long_arg not in psutil.Process(child.pid).cmdline():  # until it has exec'd
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    for pid in (os.getpid(), child.pid):
-        for name in ("stat", "statm", "cmdline", "status"):
-            path = f"/proc/{pid}/{name}"
-            with open(path, "rb") as plain:
-                expected = plain.read()
-            got = _procstat.read_proc_file(path)
-            if name in ("stat", "status"):  # CPU times and counters move between two reads
-                assert got.split()[:3] == expected.split()[:3]
-            elif name == "statm":  # so do the page counts (this process allocates meanwhile)
-                assert len(got.split()) == len(expected.split()) == 7
-                assert got.endswith(b"\n")
-            else:
-                assert got == expected
-    assert long_arg.encode() in _procstat.read_proc_file(f"/proc/{child.pid}/cmdline")
+    for read in (_procstat.read_proc_file, _procstat.read_proc_counters):
+        for pid in (os.getpid(), child.pid):
+            for name in ("stat", "statm", "cmdline", "status"):
+                path = f"/proc/{pid}/{name}"
+                with open(path, "rb") as plain:
+                    expected = plain.read()
+                got = read(path)
+                if name in ("stat", "status"):  # CPU times and counters move between reads
+                    assert got.split()[:3] == expected.split()[:3]
+                elif name == "statm":  # so do the page counts (this process allocates)
+                    assert len(got.split()) == len(expected.split()) == 7
+                    assert got.endswith(b"\n")
+                else:
+                    assert got == expected
+        assert long_arg.encode() in read(f"/proc/{child.pid}/cmdline")
+        with pytest.raises(FileNotFoundError):
+            read(f"/proc/{2**22 + 1}/stat")
     assert _procstat.read_argv(child.pid) == psutil.Process(child.pid).cmdline()
-    with pytest.raises(FileNotFoundError):
-        _procstat.read_proc_file(f"/proc/{2**22 + 1}/stat")
+
+
+def test_counters_are_read_holding_the_interpreter(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """``stat`` and ``statm`` are read through libc functions that keep the interpreter
+    (``ctypes.PyDLL``'s, not ``os.read``, which lets it go), each thread into a buffer of
+    its own: threads reading at once each get their own process's line."""
+    reader = _procstat.read_proc_counters
+    assert isinstance(reader, _procstat._HeldReader)
+    for function in (reader._open, reader._read, reader._close):
+        assert function._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(4)]
+    children += sleepers
+    wrong: list[bytes] = []
+
+    def read_many(pid: int) -> None:
+        prefix = f"{pid} (".encode()
+        for _ in range(2000):
+            line = reader(f"/proc/{pid}/stat")
+            if not line.startswith(prefix):
+                wrong.append(line)
+
+    threads = [threading.Thread(target=read_many, args=(p.pid,)) for p in sleepers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
 
 
 def test_the_command_line_is_read_again_after_an_exec_only(
