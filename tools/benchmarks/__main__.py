@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from tools.benchmarks._reference import ROUNDS, reference_ms
+
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module in this package, one-line description)
     "evidence": ("evidence", "transcript ingest vs orjson and ccusage; entry page latency"),
@@ -31,7 +33,13 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"unknown benchmark {name!r}\n\n{usage()}")
         return 2
     module = importlib.import_module(f".{COMMANDS[name][0]}", __package__)
+    before = reference_ms()
     code: int = module.main(rest)
+    sys.stdout.write(
+        f"machine speed: a fixed piece of Python work (tools/benchmarks/_reference.py) took "
+        f"{before:.1f} ms before the benchmark and {reference_ms():.1f} ms after, median of "
+        f"{ROUNDS} (slower = a slower machine: compare figures of runs alongside it)\n"
+    )
     return code
 
 
