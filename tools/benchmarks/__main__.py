@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from tools.benchmarks._reference import ROUNDS, reference_ms
+from tools.benchmarks._reference import ROUNDS, reference_ms_fresh
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module in this package, one-line description)
@@ -33,12 +33,13 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"unknown benchmark {name!r}\n\n{usage()}")
         return 2
     module = importlib.import_module(f".{COMMANDS[name][0]}", __package__)
-    before = reference_ms()
+    before = reference_ms_fresh()
     code: int = module.main(rest)
     sys.stdout.write(
         f"machine speed: a fixed piece of Python work (tools/benchmarks/_reference.py) took "
-        f"{before:.1f} ms before the benchmark and {reference_ms():.1f} ms after, median of "
-        f"{ROUNDS} (slower = a slower machine: compare figures of runs alongside it)\n"
+        f"{before:.1f} ms before the benchmark and {reference_ms_fresh():.1f} ms after, median of "
+        f"{ROUNDS} in a fresh interpreter (slower = a slower machine: compare runs' figures "
+        "alongside it)\n"
     )
     return code
 
