@@ -23,6 +23,9 @@ from typing import Any
 import orjson
 
 ROUNDS = 7
+WARM_UP = 0.5
+"""Seconds of the work run first and not timed: after an idle spell the first runs here took
+35 ms where the next ones took 21-23 (ten fresh interpreters in a row)."""
 
 
 def _work() -> int:
@@ -40,13 +43,16 @@ def _work() -> int:
 
 
 def reference_ms() -> float:
-    """The median wall milliseconds of :data:`ROUNDS` runs of the fixed work (after one
-    run not counted, with the cyclic collector off: what is timed is the same each time)."""
+    """The median wall milliseconds of :data:`ROUNDS` runs of the fixed work, after
+    :data:`WARM_UP` seconds of it not counted, with the cyclic collector off (what is timed
+    is the same each time)."""
     times = []
     enabled = gc.isenabled()
     gc.disable()
     try:
-        _work()
+        warm_until = time.perf_counter() + WARM_UP
+        while time.perf_counter() < warm_until:
+            _work()
         for _ in range(ROUNDS):
             start = time.perf_counter()
             _work()
