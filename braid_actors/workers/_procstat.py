@@ -162,9 +162,9 @@ process (``stat``, ``statm``), read without letting the interpreter go; raises t
 Sampling runs in worker threads beside the event loop. Each ``os.*`` call lets the
 interpreter go and then waits to take it back, and under load the event loop has it
 meanwhile: three calls a file, two files a member, 500 members a tick. Sampling 200
-one-process trees in a thread beside a busy thread took 130-330 us of CPU and 240-1,100 us
-of wall a sample that way, 51-71 us and 61-118 us with the calls holding it (alone, 48-54
-and 53-56 us either way). Not for ``cmdline``: reading it takes the process's memory map
+one-process trees in a thread beside a busy thread took 88-358 us of CPU and 115-1,206 us
+of wall a sample that way, 51-141 us and 53-388 us with the calls holding it (alone, 35-39
+and 39-40 us of CPU). Not for ``cmdline``: reading it takes the process's memory map
 lock, which a process can hold for long, and meanwhile no other thread would run."""
 
 
