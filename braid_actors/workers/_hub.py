@@ -128,14 +128,11 @@ class ObservationHub:
                 continue
             if tick:
                 self.ticks += 1
-                # One read of every process's parent per tick, shared by all its chunks.
-                # It lasted a quarter interval while the chunks spread over half of one,
-                # so each tick read it two or three times: at 500 idle runs sampled every
-                # 0.5 s (each a scan of every process on the machine) that was a quarter
-                # of the supervisor's py-spy samples. A child started after the read waits for the
-                # next tick, as one started after any read does.
-                # It passes over the due trees' members (the hub's thread owns an observer
-                # that is not busy): what is looked up is their unknown children.
+                # One read of every process's parent per tick, shared by all its chunks (a
+                # table that expired by age alone was read two or three times a tick); a
+                # child started after the read waits for the next tick. The read passes
+                # over the due trees' members, whose parents nothing looks up (an observer
+                # that is not busy is this thread's to read).
                 assert self.table is not None
                 self.table.expire(frozenset(p for w in due for p in w.observer.member_pids()))
             for w in due:

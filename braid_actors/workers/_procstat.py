@@ -128,15 +128,11 @@ class _HeldReader:
         try:
             while (count := self._read(fd, buffer, _COUNTERS_SIZE)) < 0:
                 _raise_unless_interrupted(path)
-            data = buffer.raw[:count]
             if count < _COUNTERS_SIZE:
-                return data
-            chunks = [data]  # not a counters file after all: the rest as os.read reads it
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            return b"".join(chunks)
+                return buffer.raw[:count]
         finally:
             self._close(fd)
+        return read_proc_file(path)  # not a counters file after all: read it whole anew
 
 
 def _raise_unless_interrupted(path: str) -> None:
