@@ -170,6 +170,10 @@ class _Member:
     """Its start tick once a stat line was read for it (its identity from then on)."""
     comm: bytes | None = None
     """Its executable's name when ``argv`` was read from ``/proc`` (an exec changes both)."""
+    line: bytes | None = None
+    """Its last stat line, when ``reading`` holds what was read with it."""
+    reading: _Reading | None = None
+    """Its last complete reading (figures, resident set and command line all read)."""
 
 
 @attrs.frozen
@@ -199,6 +203,7 @@ class TreeObserver:
     _cpu: float | None = None
     _peak_rss: int | None = None
     _root_ended_at: float | None = None
+    _last: TreeSample | None = None
 
     @classmethod
     def of(
@@ -230,8 +235,11 @@ class TreeObserver:
         # Members are kept in discovery order, so a parent is read before its children: a
         # child reaped during the sample is then missing from both readings (and matched
         # later), never counted in both.
+        repeated = self._last is not None
         for key, member in list(self._members.items()):
+            before = member.reading
             reading = self._read(member)
+            repeated = repeated and reading is not None and reading is before
             if reading is None:
                 gone.append(member)
                 del self._members[key]
@@ -242,13 +250,41 @@ class TreeObserver:
                 exited.append(key)
             member.zombie = reading.zombie
             readings[key] = reading
-        self._settle(gone, readings)
-        new = self._discover(readings)
+        if repeated and not exited:
+            # Every member read as the previous sample read it (see _read_stat): accounting
+            # and totals are the previous sample's, unless the tree found a new child.
+            new = self._discover(readings)
+            if not new:
+                return self._repeat()
+        else:
+            self._settle(gone, readings)
+            new = self._discover(readings)
         for snapshot in new:
             if self._members[snapshot.key].zombie:
                 exited.append(snapshot.key)
         self._link_parents(readings)
-        return self._summarise(readings, new, exited)
+        self._last = self._summarise(readings, new, exited)
+        return self._last
+
+    def _repeat(self) -> TreeSample:
+        """The previous sample again, taken now."""
+        last = self._last
+        assert last is not None
+        now = time.time()
+        self._last = last = TreeSample(
+            root=last.root,
+            number=self._samples,
+            taken_at=now,
+            wall_seconds=self._wall(now, last.root_alive),
+            cpu_seconds=last.cpu_seconds,
+            rss_bytes=last.rss_bytes,
+            peak_rss_bytes=last.peak_rss_bytes,
+            processes=last.processes,
+            new=(),
+            exited=(),
+            unreadable=last.unreadable,
+        )
+        return last
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -309,9 +345,18 @@ class TreeObserver:
         """:meth:`_read` from one stat line (see ``_procstat``); raises
         :class:`~braid_actors.workers._procstat.Unreadable` when psutil must read it."""
         key = member.key
-        line = _procstat.read_stat(key.pid)
-        if line is None:
+        data = _procstat.read_stat_bytes(key.pid)
+        if data is None:
             return None
+        if data == member.line:
+            # The same line, byte for byte: the same process (the start tick), state,
+            # parent, group, CPU ticks, name, fault counts, size and approximate resident
+            # set. The resident set can grow only by faults (counted in the line) or by
+            # changes the line's approximate figure shows once they pass its per-CPU
+            # batches, so the last reading stands; a sample of an idle tree reads one
+            # file a member instead of two and parses nothing.
+            return member.reading
+        line = _procstat.parse_stat(key.pid, data)
         if member.start_tick is None:
             # First reading: the pid must still name the process psutil saw (its creation
             # time is the boot time plus the start tick); from now on the tick names it.
@@ -352,7 +397,12 @@ class TreeObserver:
             rss_bytes=rss,
         )
         readable = zombie or rss is not None
-        return _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
+        reading = _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
+        # Kept for the next sample only when complete: a figure or a command line that could
+        # not be read (or an empty one, mid-exec) is read again.
+        settled = readable and (zombie or member.comm is not None)
+        member.line, member.reading = (data, reading) if settled else (None, None)
+        return reading
 
     def _discover(self, readings: dict[ProcessKey, _Reading]) -> list[ProcessSnapshot]:
         """Children of running members not yet known, found breadth-first from one pass
@@ -460,14 +510,11 @@ class TreeObserver:
         if rss is not None:
             self._peak_rss = rss if self._peak_rss is None else max(self._peak_rss, rss)
         root_running = any(r.snapshot.key == self.root for r in running)
-        if not root_running and self._root_ended_at is None:
-            self._root_ended_at = now
-        end = now if root_running else self._root_ended_at or now
         return TreeSample(
             root=self.root,
             number=self._samples,
             taken_at=now,
-            wall_seconds=max(0.0, end - self.root.create_time),
+            wall_seconds=self._wall(now, root_running),
             cpu_seconds=self._cpu,
             rss_bytes=rss,
             peak_rss_bytes=self._peak_rss,
@@ -476,6 +523,13 @@ class TreeObserver:
             exited=tuple(sorted(set(exited))),
             unreadable=tuple(sorted(r.snapshot.key for r in running if not r.readable)),
         )
+
+
+    def _wall(self, now: float, root_running: bool) -> float:
+        if not root_running and self._root_ended_at is None:
+            self._root_ended_at = now
+        end = now if root_running else self._root_ended_at or now
+        return max(0.0, end - self.root.create_time)
 
 
 async def observe_tree(

@@ -167,12 +167,24 @@ lock, which a process can hold for long, and meanwhile no other thread would run
 def read_stat(pid: int) -> StatLine | None:
     """``pid``'s stat line, or ``None`` when there is no such process; raises
     :class:`Unreadable` when the line cannot be read or parsed."""
+    data = read_stat_bytes(pid)
+    return None if data is None else parse_stat(pid, data)
+
+
+def read_stat_bytes(pid: int) -> bytes | None:
+    """``pid``'s stat line as the kernel wrote it, or ``None`` when there is no such
+    process; raises :class:`Unreadable` when it cannot be read."""
     try:
-        data = read_proc_counters(f"/proc/{pid}/stat")
+        return read_proc_counters(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError as exc:
         raise Unreadable(str(exc)) from None
+
+
+def parse_stat(pid: int, data: bytes) -> StatLine:
+    """The fields of ``pid``'s stat line ``data``; raises :class:`Unreadable` when it is not
+    a stat line."""
     # "pid (comm) state ppid pgrp ...": comm may hold spaces and ")", so the fields are read
     # after the last ")" (as psutil does).
     close = data.rfind(b")")
