@@ -84,6 +84,8 @@ class ObservationHub:
     """Tree samples taken (for benchmarks)."""
     sample_cpu_seconds: float = 0.0
     """CPU time the sampling threads spent taking them (for benchmarks)."""
+    repeated_samples: int = 0
+    """Samples that repeated their tree's previous one (``TreeSample.repeated``)."""
 
     def __attrs_post_init__(self) -> None:
         if not self.interval > 0:
@@ -149,6 +151,8 @@ class ObservationHub:
                 self.sample_cpu_seconds += cpu
                 for w, sample in zip(chunk, samples, strict=True):
                     w.sampled = True
+                    if isinstance(sample, TreeSample) and sample.repeated:
+                        self.repeated_samples += 1
                     if w.closed:
                         w.busy = False
                         continue

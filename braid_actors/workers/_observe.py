@@ -134,6 +134,9 @@ class TreeSample:
     """Members that exited since the previous sample (the root too), in pid order."""
     unreadable: tuple[ProcessKey, ...]
     """Running members some figure of which could not be read (the totals omit it)."""
+    repeated: bool = False
+    """True when every member read as at the previous sample and no child was new: the
+    figures are the previous sample's (only the number, the time and the wall clock moved)."""
 
     @property
     def root_alive(self) -> bool:
@@ -283,6 +286,7 @@ class TreeObserver:
             new=(),
             exited=(),
             unreadable=last.unreadable,
+            repeated=True,
         )
         return last
 
@@ -523,7 +527,6 @@ class TreeObserver:
             exited=tuple(sorted(set(exited))),
             unreadable=tuple(sorted(r.snapshot.key for r in running if not r.readable)),
         )
-
 
     def _wall(self, now: float, root_running: bool) -> float:
         if not root_running and self._root_ended_at is None:

@@ -90,6 +90,7 @@ def test_a_quiet_member_is_read_from_its_stat_line_and_its_growth_is_seen(
         quiet.peak_rss_bytes,
     )
     assert again.processes == quiet.processes and again.new == () and again.exited == ()
+    assert again.repeated and quiet.repeated and not first.repeated
     assert quiet.rss_bytes is not None and first.rss_bytes is not None
 
     assert child.stdin is not None and child.stdout is not None
@@ -103,6 +104,7 @@ def test_a_quiet_member_is_read_from_its_stat_line_and_its_growth_is_seen(
     assert grown.rss_bytes >= quiet.rss_bytes + (40 << 20)
     assert grown.peak_rss_bytes == grown.rss_bytes
     assert grown.rss_bytes == psutil.Process(child.pid).memory_info().rss
+    assert not grown.repeated
 
 
 def test_a_quiet_tree_reports_a_new_child_then_its_exit(
@@ -130,8 +132,9 @@ def test_a_quiet_tree_reports_a_new_child_then_its_exit(
     found = observer.sample()
     assert [p.pid for p in found.new] == [grandchild]
     assert [p.pid for p in found.processes] == [root.pid, grandchild]
+    assert not found.repeated
     after = _until_quiet(observer.sample, statm_reads)
-    assert after.new == () and after.processes == found.processes
+    assert after.new == () and after.processes == found.processes and after.repeated
 
     psutil.Process(grandchild).kill()
     deadline = time.monotonic() + 10
@@ -161,5 +164,5 @@ def test_a_quiet_zombie_root_keeps_its_wall_clock_stopped(
     assert first.exited == (first.root,) and first.processes == ()
     time.sleep(0.05)
     again = observer.sample()
-    assert again.exited == () and again.wall_seconds == first.wall_seconds
+    assert again.exited == () and again.wall_seconds == first.wall_seconds and again.repeated
     assert again.number == 2 and statm_reads == []  # a zombie has no resident set to read

@@ -309,7 +309,11 @@ async def concurrent(
             hub = app.runs.pipes
             hub0 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
             observing = app.runs.hub
-            observed0 = (observing.samples, observing.sample_cpu_seconds)
+            observed0 = (
+                observing.samples,
+                observing.sample_cpu_seconds,
+                observing.repeated_samples,
+            )
             await trio.sleep(min(10.0, seconds / 2))
             cpu1, w1, gc1 = sum(me.cpu_times()[:2]), time.perf_counter(), gc_clock.total
             window = list(latencies)
@@ -319,7 +323,11 @@ async def concurrent(
             gc_longest = (gc_clock.longest, gc_clock.longest_generation)
             threads1 = _thread_cpu(me)
             hub1 = (hub.passes, hub.fast_lines) if hub is not None else (0, 0)
-            observed1 = (observing.samples, observing.sample_cpu_seconds)
+            observed1 = (
+                observing.samples,
+                observing.sample_cpu_seconds,
+                observing.repeated_samples,
+            )
             load1 = await trio.to_thread.run_sync(_cpu_of, workers)
             wl1 = time.perf_counter()
             streaming = sum(1 for r in run_ids if app.run(r).events.count > 3)
@@ -367,6 +375,7 @@ async def concurrent(
         "hub_fast_per_s": (hub1[1] - hub0[1]) / (w1 - w0),
         "samples_per_s": (observed1[0] - observed0[0]) / (w1 - w0),
         "sampling_share": (observed1[1] - observed0[1]) / (w1 - w0),
+        "repeated_share": (observed1[2] - observed0[2]) / max(observed1[0] - observed0[0], 1),
         "runs": n_runs,
         "start_all_s": started_all,
         "cpu_share": (cpu1 - cpu0) / (w1 - w0),
@@ -654,7 +663,9 @@ def main(argv: list[str]) -> int:
         per_sample = a["sampling_share"] / max(a["samples_per_s"], 1e-9) * 1e6
         print(
             f"    observation: {a['samples_per_s']:,.0f} tree samples/s, their threads' CPU "
-            f"{a['sampling_share'] * 100:.1f}% of one core ({per_sample:.0f} us a sample)"
+            f"{a['sampling_share'] * 100:.1f}% of one core ({per_sample:.0f} us a sample); "
+            f"{a['repeated_share'] * 100:.0f}% of them repeated the tree's previous sample "
+            "(every process's stat line unchanged, no new child)"
         )
         print(
             f"    journal transactions {a['commits_per_s']:,.0f}/s: rows written on the event "
