@@ -182,6 +182,23 @@ def read_stat_bytes(pid: int) -> bytes | None:
         raise Unreadable(str(exc)) from None
 
 
+def stat_identity(data: bytes) -> bytes:
+    """``data``, a stat line, up to its 39th field (``processor``, the CPU the process last
+    ran on: it moves with every migration between CPUs and tells nothing a sample reads;
+    the fields after it are real-time policy, block-I/O delay, guest time, fixed addresses
+    and the exit code). Two readings with the same identity hold the same state, parent,
+    group, fault counts, CPU times, threads, start tick, size and resident set figure."""
+    close = data.rfind(b")")
+    fields = data[close + 2 :].split(b" ", _PROCESSOR)
+    if len(fields) <= _PROCESSOR:
+        return data
+    return data[: len(data) - len(fields[_PROCESSOR]) - 1]
+
+
+_PROCESSOR: Final = 36
+"""Index of the ``processor`` field (the 39th) after the executable's name."""
+
+
 def parse_stat(pid: int, data: bytes) -> StatLine:
     """The fields of ``pid``'s stat line ``data``; raises :class:`Unreadable` when it is not
     a stat line."""

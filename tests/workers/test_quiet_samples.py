@@ -3,6 +3,7 @@ what changed: memory growth, a new child, an exit, the wall clock."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -166,3 +167,26 @@ def test_a_quiet_zombie_root_keeps_its_wall_clock_stopped(
     again = observer.sample()
     assert again.exited == () and again.wall_seconds == first.wall_seconds and again.repeated
     assert again.number == 2 and statm_reads == []  # a zombie has no resident set to read
+
+
+def test_the_stat_identity_ends_before_the_cpu_the_process_last_ran_on() -> None:
+    """Two readings that differ only in the CPU the process ran on last have one identity;
+    any change before it (faults, CPU ticks) gives another; a line without that field is
+    its own identity."""
+    line = _procstat.read_proc_counters(f"/proc/{os.getpid()}/stat").rstrip(b"\n")
+    close = line.rfind(b")")
+    fields = line[close + 2 :].split(b" ")
+    assert int(fields[36]) == psutil.Process().cpu_num()  # psutil's cpu_num: this field
+
+    def variant(index: int, value: bytes) -> bytes:
+        changed = list(fields)
+        changed[index] = value
+        return line[: close + 2] + b" ".join(changed)
+
+    same = _procstat.stat_identity(line)
+    assert same == line[: close + 2] + b" ".join(fields[:36])
+    assert _procstat.stat_identity(variant(36, b"999")) == same
+    assert _procstat.stat_identity(variant(7, str(int(fields[7]) + 1).encode())) != same
+    assert _procstat.stat_identity(variant(11, str(int(fields[11]) + 1).encode())) != same
+    short = line[: close + 2] + b" ".join(fields[:30])
+    assert _procstat.stat_identity(short) == short
