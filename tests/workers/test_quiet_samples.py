@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 _GROW = (
     "import sys\n"
     "kept = []\n"
+    "print('ready', flush=True)\n"
     "for line in sys.stdin:\n"
     "    kept.append(b'x' * (48 << 20))\n"  # written, so resident
     "    print('grown', flush=True)\n"
@@ -77,12 +78,16 @@ def test_a_quiet_member_is_read_from_its_stat_line_and_its_growth_is_seen(
         [sys.executable, "-c", _GROW], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     children.append(child)
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"ready\n"  # from now on it waits on its input
     observer = TreeObserver.of(_key(child.pid))
     first = observer.sample()
     assert statm_reads  # a first reading reads the resident set
     quiet = _until_quiet(observer.sample, statm_reads)
     time.sleep(0.05)
-    again = _until_quiet(observer.sample, statm_reads)
+    before = len(statm_reads)
+    again = observer.sample()
+    assert len(statm_reads) == before
     assert again.number == quiet.number + 1 and again.taken_at > quiet.taken_at
     assert again.wall_seconds > quiet.wall_seconds  # the root runs: its wall clock does too
     assert (again.cpu_seconds, again.rss_bytes, again.peak_rss_bytes) == (
@@ -94,7 +99,7 @@ def test_a_quiet_member_is_read_from_its_stat_line_and_its_growth_is_seen(
     assert again.repeated and quiet.repeated and not first.repeated
     assert quiet.rss_bytes is not None and first.rss_bytes is not None
 
-    assert child.stdin is not None and child.stdout is not None
+    assert child.stdin is not None
     child.stdin.write(b"grow\n")
     child.stdin.flush()
     assert child.stdout.readline() == b"grown\n"
