@@ -37,7 +37,10 @@ What the figures count.
 * ``rss_bytes``: the sum of the resident set sizes of the running members at this sample.
   Pages shared between members (fork copies, shared libraries) are counted once per member,
   so the sum can exceed the physical memory in use; ``peak_rss_bytes`` is the largest sum at
-  any sample (a spike between two samples is not seen).
+  any sample (a spike between two samples is not seen). On Linux a member whose stat line
+  did not change keeps its previous reading (see :meth:`TreeObserver._read_stat`): a growth
+  made without a fault (another process writing into its memory) and too small to move the
+  line's approximate figure (under its per-CPU batches) waits for the next change.
 * ``wall_seconds``: from the root's creation time to this sample, frozen at the first sample
   that finds the root exited.
 """
