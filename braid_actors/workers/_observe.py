@@ -177,8 +177,8 @@ class _Member:
     comm: bytes | None = None
     """Its executable's name when ``argv`` was read from ``/proc`` (an exec changes both)."""
     line: bytes | None = None
-    """Its last stat line's identity (``_procstat.stat_identity``), when ``reading`` holds
-    what was read with it."""
+    """Its last stat line, when ``reading`` holds what was read with a line of the same
+    identity (``_procstat.stat_identity``)."""
     reading: _Reading | None = None
     """Its last complete reading (figures, resident set and command line all read)."""
 
@@ -356,14 +356,17 @@ class TreeObserver:
         data = _procstat.read_stat_bytes(key.pid)
         if data is None:
             return None
-        identity = _procstat.stat_identity(data)
-        if identity == member.line:
+        last = member.line
+        if last is not None and (
+            data == last or _procstat.stat_identity(data) == _procstat.stat_identity(last)
+        ):
             # The same line up to the CPU it last ran on, byte for byte: the same process
             # (the start tick), state, parent, group, CPU ticks, name, fault counts, size
             # and approximate resident set. The resident set can grow only by faults
             # (counted in the line) or by changes the line's approximate figure shows once
             # they pass its per-CPU batches, so the last reading stands; a sample of an
             # idle tree reads one file a member instead of two and parses nothing else.
+            member.line = data
             return member.reading
         line = _procstat.parse_stat(key.pid, data)
         if member.start_tick is None:
@@ -410,7 +413,7 @@ class TreeObserver:
         # Kept for the next sample only when complete: a figure or a command line that could
         # not be read (or an empty one, mid-exec) is read again.
         settled = readable and (zombie or member.comm is not None)
-        member.line, member.reading = (identity, reading) if settled else (None, None)
+        member.line, member.reading = (data, reading) if settled else (None, None)
         return reading
 
     def _discover(self, readings: dict[ProcessKey, _Reading]) -> list[ProcessSnapshot]:
