@@ -59,6 +59,12 @@ async def test_watched_trees_are_sampled_every_tick_from_one_table() -> None:
     # Every delivered sample was counted, with the thread time it took.
     assert hub.samples >= len(one_seen.samples) + len(two_seen.samples)
     assert 0 < hub.sample_cpu_seconds < 1.1
+    # Two sleeping trees: after their first samples most repeat, and each is counted.
+    delivered = one_seen.samples + two_seen.samples
+    repeated = sum(1 for s in delivered if s.repeated)
+    assert repeated >= len(delivered) // 2
+    assert not one_seen.samples[0].repeated and not two_seen.samples[0].repeated
+    assert repeated <= hub.repeated_samples <= hub.samples
 
 
 async def test_a_new_watch_gets_its_first_sample_without_waiting_for_the_tick() -> None:
