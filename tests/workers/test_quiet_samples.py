@@ -60,12 +60,14 @@ def _key(pid: int) -> ProcessKey:
 
 
 def _until_quiet(sample: Callable[[], TreeSample], statm_reads: list[str]) -> TreeSample:
-    """Sample until one reads no ``statm`` (every line as the previous sample read it)."""
+    """Sample until one reads no ``statm`` (every line as the previous sample read it) and
+    finds every member asleep (waiting, so its line stays: two samples taken while a member
+    ran could also read alike)."""
     deadline = time.monotonic() + 10
     while True:
         before = len(statm_reads)
         taken = sample()
-        if len(statm_reads) == before:
+        if len(statm_reads) == before and all(p.status == "sleeping" for p in taken.processes):
             return taken
         assert time.monotonic() < deadline, "the tree never read as unchanged"
         time.sleep(0.05)
