@@ -35,13 +35,8 @@ if typing.TYPE_CHECKING:
         spool_path,
         worker_environment,
     )
-    from braid_actors.workers._observe import (
-        ARGV_LIMIT,
-        ProcessSnapshot,
-        TreeObserver,
-        TreeSample,
-        observe_tree,
-    )
+    from braid_actors.workers._member import ProcessSnapshot
+    from braid_actors.workers._observe import ARGV_LIMIT, TreeObserver, TreeSample, observe_tree
     from braid_actors.workers._pipes import HubLineReader, PipeHub, pipe_hub_supported
     from braid_actors.workers._process import (
         BoundedLog,
@@ -103,7 +98,7 @@ _SOURCES: dict[str, str] = {
     "spool_path": "braid_actors.workers._launch",
     "worker_environment": "braid_actors.workers._launch",
     "ARGV_LIMIT": "braid_actors.workers._observe",
-    "ProcessSnapshot": "braid_actors.workers._observe",
+    "ProcessSnapshot": "braid_actors.workers._member",
     "TreeObserver": "braid_actors.workers._observe",
     "TreeSample": "braid_actors.workers._observe",
     "observe_tree": "braid_actors.workers._observe",

@@ -38,7 +38,7 @@ What the figures count.
   Pages shared between members (fork copies, shared libraries) are counted once per member,
   so the sum can exceed the physical memory in use; ``peak_rss_bytes`` is the largest sum at
   any sample (a spike between two samples is not seen). On Linux a member whose stat line
-  did not change keeps its previous reading (see :meth:`TreeObserver._read_stat`): a growth
+  did not change keeps its previous reading (see ``_member.read_from_stat``): a growth
   made without a fault (another process writing into its memory) and too small to move the
   line's approximate figure (under its per-CPU batches) waits for the next change.
 * ``wall_seconds``: from the root's creation time to this sample, frozen at the first sample
@@ -47,68 +47,25 @@ What the figures count.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import trio
 
-from braid_actors.workers import _procstat
 from braid_actors.workers._identity import CREATE_TIME_TOLERANCE, ProcessKey, same_start
+from braid_actors.workers._member import Member, ProcessSnapshot, Reading, read_member
 from braid_actors.workers._process import ProcessInfo
 from braid_actors.workers._proctable import ProcessTable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-_T = TypeVar("_T")
 
 ARGV_LIMIT: Final = 1024
 """Characters of a process's argv kept in a snapshot (the arguments' lengths summed)."""
-
-
-@attrs.frozen
-class ProcessSnapshot:
-    """One tree member as a sample saw it."""
-
-    key: ProcessKey
-    """Its identity."""
-    ppid: int | None
-    """Its parent's pid (it changes when the parent exits); null when unreadable."""
-    pgid: int | None
-    """Its process group; null when unreadable."""
-    argv: tuple[str, ...] | None
-    """Its command line, cut to the observer's bound (:data:`ARGV_LIMIT` characters by
-    default); a zombie keeps its last; null when never readable."""
-    argv_truncated: bool
-    """True when ``argv`` was cut."""
-    status: str
-    """psutil's status (``running``, ``sleeping``, ``stopped``, ``zombie``...), or
-    ``unknown`` when unreadable."""
-    cpu_seconds: float | None
-    """Its own user + system time plus that of the children it reaped; null when unreadable."""
-    rss_bytes: int | None
-    """Its resident set size; null when unreadable."""
-
-    @property
-    def pid(self) -> int:
-        return self.key.pid
-
-    @property
-    def create_time(self) -> float:
-        return self.key.create_time
-
-    def info(self) -> ProcessInfo | None:
-        """Its identity for the controls (``None`` when its group was unreadable)."""
-        if self.pgid is None:
-            return None
-        return ProcessInfo(
-            pid=self.pid, create_time=self.create_time, pgid=self.pgid, command=self.argv or ()
-        )
 
 
 @attrs.frozen
@@ -157,41 +114,6 @@ class TreeSample:
 
 
 @attrs.define(eq=False)
-class _Member:
-    key: ProcessKey
-    proc: psutil.Process
-    parent: ProcessKey | None
-    """The running member that was its parent at the last sample, if any."""
-    cpu: float | None = None
-    """Its last-read total: own time plus ``reaped``."""
-    reaped: float | None = None
-    """Its last-read children time (descendants it reaped)."""
-    owed: float = 0.0
-    """Retired time of gone descendants that its children time may still absorb."""
-    zombie: bool = False
-    argv: tuple[str, ...] | None = None
-    """Its last-read command line, bounded."""
-    argv_truncated: bool = False
-    start_tick: int | None = None
-    """Its start tick once a stat line was read for it (its identity from then on)."""
-    comm: bytes | None = None
-    """Its executable's name when ``argv`` was read from ``/proc`` (an exec changes both)."""
-    line: bytes | None = None
-    """Its last stat line, when ``reading`` holds what was read with a line of the same
-    identity (``_procstat.stat_identity``)."""
-    reading: _Reading | None = None
-    """Its last complete reading (figures, resident set and command line all read)."""
-
-
-@attrs.frozen
-class _Reading:
-    snapshot: ProcessSnapshot
-    reaped: float | None
-    zombie: bool
-    readable: bool
-
-
-@attrs.define(eq=False)
 class TreeObserver:
     """Samples one process tree; keeps what it needs between samples (see the module note).
 
@@ -203,7 +125,7 @@ class TreeObserver:
     argv_limit: int = ARGV_LIMIT
     table: ProcessTable = attrs.Factory(ProcessTable)
     """Where new children are looked up; share one between observers (see its module)."""
-    _members: dict[ProcessKey, _Member] = attrs.Factory(dict)
+    _members: dict[ProcessKey, Member] = attrs.Factory(dict)
     _started: bool = False
     _samples: int = 0
     _retired_cpu: float = 0.0
@@ -234,8 +156,8 @@ class TreeObserver:
         if not self._started:
             self._started = True
             self._adopt_root()
-        readings: dict[ProcessKey, _Reading] = {}
-        gone: list[_Member] = []
+        readings: dict[ProcessKey, Reading] = {}
+        gone: list[Member] = []
         exited: list[ProcessKey] = []
         if self._samples == 1 and self.root not in self._members:
             exited.append(self.root)  # gone before the first sample
@@ -245,7 +167,7 @@ class TreeObserver:
         repeated = self._last is not None
         for key, member in list(self._members.items()):
             before = member.reading
-            reading = self._read(member)
+            reading = read_member(member, self.argv_limit)
             repeated = repeated and reading is not None and reading is before
             if reading is None:
                 gone.append(member)
@@ -258,7 +180,7 @@ class TreeObserver:
             member.zombie = reading.zombie
             readings[key] = reading
         if repeated and not exited:
-            # Every member read as the previous sample read it (see _read_stat): accounting
+            # Every member read as the previous sample read it (see read_from_stat): accounting
             # and totals are the previous sample's, unless the tree found a new child.
             new = self._discover(readings)
             if not new:
@@ -303,120 +225,9 @@ class TreeObserver:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return  # gone before the first sample: the tree is empty from the start
         if same_start(start, self.root.create_time):
-            self._members[self.root] = _Member(key=self.root, proc=proc, parent=None)
+            self._members[self.root] = Member(key=self.root, proc=proc, parent=None)
 
-    def _read(self, member: _Member) -> _Reading | None:
-        """One member's figures, or ``None`` when it is gone (or its pid was reused).
-
-        The command line is read again after an exec (a child caught between ``fork`` and
-        ``exec`` shows its parent's until the next sample); a zombie keeps its last one.
-        """
-        if _procstat.AVAILABLE:
-            with contextlib.suppress(_procstat.Unreadable):
-                return self._read_stat(member)
-        proc, key = member.proc, member.key
-        try:
-            if not proc.is_running():  # re-reads the creation time: a reused pid is gone
-                return None
-            with proc.oneshot():
-                status = _attempt(proc.status) or "unknown"
-                zombie = status == psutil.STATUS_ZOMBIE
-                ppid = _attempt(proc.ppid)
-                times = _attempt(proc.cpu_times)
-                memory = None if zombie else _attempt(proc.memory_info)
-                argv = None if zombie else _attempt(proc.cmdline)
-        except psutil.ZombieProcess:
-            status, zombie, ppid, times, memory, argv = "zombie", True, None, None, None, None
-        except psutil.NoSuchProcess:
-            return None
-        pgid: int | None = None
-        with contextlib.suppress(OSError):
-            pgid = os.getpgid(key.pid)
-        cpu, reaped = (None, None) if times is None else _cpu_split(times)
-        rss = None if memory is None else int(memory.rss)
-        if argv is not None:
-            member.argv, member.argv_truncated = _bounded(argv, self.argv_limit)
-        snapshot = ProcessSnapshot(
-            key=key,
-            ppid=ppid,
-            pgid=pgid,
-            argv=member.argv,
-            argv_truncated=member.argv_truncated,
-            status=str(status),
-            cpu_seconds=cpu,
-            rss_bytes=rss,
-        )
-        readable = status != "unknown" and cpu is not None and (zombie or rss is not None)
-        return _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
-
-    def _read_stat(self, member: _Member) -> _Reading | None:
-        """:meth:`_read` from one stat line (see ``_procstat``); raises
-        :class:`~braid_actors.workers._procstat.Unreadable` when psutil must read it."""
-        key = member.key
-        data = _procstat.read_stat_bytes(key.pid)
-        if data is None:
-            return None
-        last = member.line
-        if last is not None and (
-            data == last or _procstat.stat_identity(data) == _procstat.stat_identity(last)
-        ):
-            # The same line up to the CPU it last ran on, byte for byte: the same process
-            # (the start tick), state, parent, group, CPU ticks, name, fault counts, size
-            # and approximate resident set. The resident set can grow only by faults
-            # (counted in the line) or by changes the line's approximate figure shows once
-            # they pass its per-CPU batches, so the last reading stands; a sample of an
-            # idle tree reads one file a member instead of two and parses nothing else.
-            member.line = data
-            return member.reading
-        line = _procstat.parse_stat(key.pid, data)
-        if member.start_tick is None:
-            # First reading: the pid must still name the process psutil saw (its creation
-            # time is the boot time plus the start tick); from now on the tick names it.
-            try:
-                start = psutil.boot_time() + line.start_tick / _procstat.TICKS
-            except psutil.Error:
-                raise _procstat.Unreadable("the boot time cannot be read") from None
-            if not same_start(start, key.create_time):
-                return None
-            member.start_tick = line.start_tick
-        elif line.start_tick != member.start_tick:
-            return None  # the pid was reused: this member is gone
-        zombie = line.zombie
-        rss = None
-        if not zombie:
-            rss = _procstat.read_rss(key.pid)
-            # The command line changes with an exec, and an exec names the executable anew:
-            # read it again only then (or while it could not be read). Read every sample, it
-            # was a third of the reads of a tick of 500 idle runs, for a figure nothing uses
-            # after a member is found. A process that rewrites its own title in place is
-            # seen by its first reading only. An empty line is read again: the kernel names
-            # the new executable before it lays out the new arguments, so a reading in the
-            # middle of an exec finds the new name and no arguments yet.
-            if member.comm is None or line.comm != member.comm:
-                argv = _procstat.read_argv(key.pid)
-                if argv is not None:
-                    member.argv, member.argv_truncated = _bounded(argv, self.argv_limit)
-                    member.comm = line.comm if argv else None
-        cpu, reaped = _cpu_split(line)  # the same fields psutil's cpu_times names
-        snapshot = ProcessSnapshot(
-            key=key,
-            ppid=line.ppid,
-            pgid=line.pgid,
-            argv=member.argv,
-            argv_truncated=member.argv_truncated,
-            status=line.status,
-            cpu_seconds=cpu,
-            rss_bytes=rss,
-        )
-        readable = zombie or rss is not None
-        reading = _Reading(snapshot=snapshot, reaped=reaped, zombie=zombie, readable=readable)
-        # Kept for the next sample only when complete: a figure or a command line that could
-        # not be read (or an empty one, mid-exec) is read again.
-        settled = readable and (zombie or member.comm is not None)
-        member.line, member.reading = (data, reading) if settled else (None, None)
-        return reading
-
-    def _discover(self, readings: dict[ProcessKey, _Reading]) -> list[ProcessSnapshot]:
+    def _discover(self, readings: dict[ProcessKey, Reading]) -> list[ProcessSnapshot]:
         """Children of running members not yet known, found breadth-first from one pass
         over the system's parent ids (a child started after that pass waits for the next
         sample)."""
@@ -434,7 +245,7 @@ class TreeObserver:
                 member = self._admit(pid, parent)
                 if member is None:
                     continue
-                reading = self._read(member)
+                reading = read_member(member, self.argv_limit)
                 if reading is None:
                     continue  # exited before it could be read: its parent's time holds it
                 known.add(pid)
@@ -447,7 +258,7 @@ class TreeObserver:
                     queue.append(pid)
         return found
 
-    def _admit(self, pid: int, parent: ProcessKey) -> _Member | None:
+    def _admit(self, pid: int, parent: ProcessKey) -> Member | None:
         try:
             proc = psutil.Process(pid)
             start = float(proc.create_time())
@@ -458,9 +269,9 @@ class TreeObserver:
             return None
         if start < parent.create_time - CREATE_TIME_TOLERANCE:
             return None  # older than its "parent": the pid changed hands during the pass
-        return _Member(key=ProcessKey(pid=pid, create_time=start), proc=proc, parent=parent)
+        return Member(key=ProcessKey(pid=pid, create_time=start), proc=proc, parent=parent)
 
-    def _link_parents(self, readings: dict[ProcessKey, _Reading]) -> None:
+    def _link_parents(self, readings: dict[ProcessKey, Reading]) -> None:
         running = {k.pid: k for k, m in self._members.items() if not m.zombie}
         for key, member in self._members.items():
             reading = readings.get(key)
@@ -474,7 +285,7 @@ class TreeObserver:
             if ppid is not None and key != self.root:
                 member.parent = running.get(ppid)
 
-    def _settle(self, gone: list[_Member], readings: dict[ProcessKey, _Reading]) -> None:
+    def _settle(self, gone: list[Member], readings: dict[ProcessKey, Reading]) -> None:
         """Account for the members that are gone (see "What the figures count")."""
         by_key = {member.key: member for member in gone}
         need: dict[ProcessKey, float] = {}
@@ -505,7 +316,7 @@ class TreeObserver:
 
     def _summarise(
         self,
-        readings: dict[ProcessKey, _Reading],
+        readings: dict[ProcessKey, Reading],
         new: list[ProcessSnapshot],
         exited: list[ProcessKey],
     ) -> TreeSample:
@@ -575,35 +386,3 @@ async def observe_tree(
         if sample.finished:
             return sample
         await trio.sleep_until(began + interval)
-
-
-def _attempt(read: Callable[[], _T]) -> _T | None:
-    """``read()``, or ``None`` when access is denied (a missing figure, not a failure)."""
-    try:
-        return read()
-    except psutil.AccessDenied:
-        return None
-
-
-def _cpu_split(times: object) -> tuple[float, float]:
-    """(own + reaped children, reaped children) from psutil's ``cpu_times``."""
-    own = math.fsum(float(getattr(times, name, 0.0)) for name in ("user", "system"))
-    reaped = math.fsum(
-        float(getattr(times, name, 0.0)) for name in ("children_user", "children_system")
-    )
-    return own + reaped, reaped
-
-
-def _bounded(argv: list[str] | None, limit: int) -> tuple[tuple[str, ...] | None, bool]:
-    if argv is None:
-        return None, False
-    kept: list[str] = []
-    room = limit
-    for arg in argv:
-        if len(arg) > room:
-            if room > 0:
-                kept.append(arg[:room])
-            return tuple(kept), True
-        kept.append(arg)
-        room -= len(arg)
-    return tuple(kept), False

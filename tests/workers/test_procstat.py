@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-from braid_actors.workers import ProcessKey, TreeObserver, _procstat
-from braid_actors.workers._observe import _Member
+from braid_actors.workers import ARGV_LIMIT, ProcessKey, _procstat
+from braid_actors.workers._member import Member, read_from_stat, read_member
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -26,19 +26,18 @@ def test_the_stat_reader_is_in_use_here() -> None:
     assert _procstat.AVAILABLE
 
 
-def _member(pid: int) -> _Member:
+def _member(pid: int) -> Member:
     proc = psutil.Process(pid)
-    return _Member(key=ProcessKey(pid, proc.create_time()), proc=proc, parent=None)
+    return Member(key=ProcessKey(pid, proc.create_time()), proc=proc, parent=None)
 
 
-def _both(member: _Member) -> tuple[object, object]:
+def _both(member: Member) -> tuple[object, object]:
     """(stat-line reading, psutil reading) of the same member, one right after the other."""
-    observer = TreeObserver.of(member.key, argv_limit=160)
-    fast = observer._read_stat(member)
+    fast = read_from_stat(member, 160)
     saved = _procstat.AVAILABLE
     try:
         _procstat.AVAILABLE = False  # type: ignore[misc]
-        plain = observer._read(member)
+        plain = read_member(member, 160)
     finally:
         _procstat.AVAILABLE = saved  # type: ignore[misc]
     return fast, plain
@@ -96,19 +95,18 @@ def test_a_gone_or_reused_pid_is_gone(children: list[subprocess.Popen[bytes]]) -
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     children.append(child)
     member = _member(child.pid)
-    observer = TreeObserver.of(member.key)
-    assert observer._read_stat(member) is not None
+    assert read_from_stat(member, ARGV_LIMIT) is not None
     assert member.start_tick is not None
     member.start_tick += 1  # as if the pid now named a process started a tick later
     member.line = None  # (whose stat line, holding its start tick, would differ too)
-    assert observer._read_stat(member) is None
-    stranger = _Member(
+    assert read_from_stat(member, ARGV_LIMIT) is None
+    stranger = Member(
         key=ProcessKey(child.pid, member.key.create_time + 1.0), proc=member.proc, parent=None
     )
-    assert observer._read_stat(stranger) is None  # psutil's creation time disagrees
+    assert read_from_stat(stranger, ARGV_LIMIT) is None  # psutil's creation time disagrees
     child.kill()
     child.wait()
-    assert observer._read_stat(_Member(key=member.key, proc=member.proc, parent=None)) is None
+    assert read_from_stat(Member(key=member.key, proc=member.proc, parent=None), ARGV_LIMIT) is None
 
 
 def test_argv_is_read_by_psutil_s_rules() -> None:
@@ -198,11 +196,10 @@ def test_the_command_line_is_read_again_after_an_exec_only(
         assert time.monotonic() < deadline
         time.sleep(0.01)
     member = _member(child.pid)
-    observer = TreeObserver.of(member.key)
-    first = observer._read_stat(member)
+    first = read_from_stat(member, ARGV_LIMIT)
     assert first is not None and first.snapshot.argv == ("/bin/sh", "-c", script)
     for _ in range(5):
-        again = observer._read_stat(member)
+        again = read_from_stat(member, ARGV_LIMIT)
         assert again is not None and again.snapshot.argv == first.snapshot.argv
     assert reads == [child.pid]  # one read of the command line for six readings
     assert child.stdin is not None
@@ -210,7 +207,7 @@ def test_the_command_line_is_read_again_after_an_exec_only(
     child.stdin.flush()
     deadline = time.monotonic() + 10
     while True:
-        after = observer._read_stat(member)
+        after = read_from_stat(member, ARGV_LIMIT)
         assert after is not None  # the same process: an exec keeps the pid and start tick
         if after.snapshot.argv == ("sleep", "60"):
             break
@@ -218,7 +215,7 @@ def test_the_command_line_is_read_again_after_an_exec_only(
         time.sleep(0.01)
     assert reads[0] == child.pid and len(reads) >= 2  # read again once the name changed
     settled = len(reads)
-    assert observer._read_stat(member) is not None
+    assert read_from_stat(member, ARGV_LIMIT) is not None
     assert len(reads) == settled  # and not again while it stays the same
 
 
@@ -230,14 +227,13 @@ def test_an_empty_command_line_is_read_again(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     children.append(child)
     member = _member(child.pid)
-    observer = TreeObserver.of(member.key)
     monkeypatch.setattr(_procstat, "read_argv", lambda pid: [])
-    empty = observer._read_stat(member)
+    empty = read_from_stat(member, ARGV_LIMIT)
     assert empty is not None and empty.snapshot.argv == ()
     monkeypatch.undo()
     deadline = time.monotonic() + 10
     while True:
-        full = observer._read_stat(member)
+        full = read_from_stat(member, ARGV_LIMIT)
         assert full is not None
         if full.snapshot.argv == tuple(psutil.Process(child.pid).cmdline()):
             break
