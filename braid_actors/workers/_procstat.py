@@ -164,13 +164,6 @@ and 39-40 us of CPU). Not for ``cmdline``: reading it takes the process's memory
 lock, which a process can hold for long, and meanwhile no other thread would run."""
 
 
-def read_stat(pid: int) -> StatLine | None:
-    """``pid``'s stat line, or ``None`` when there is no such process; raises
-    :class:`Unreadable` when the line cannot be read or parsed."""
-    data = read_stat_bytes(pid)
-    return None if data is None else parse_stat(pid, data)
-
-
 def read_stat_bytes(pid: int) -> bytes | None:
     """``pid``'s stat line as the kernel wrote it, or ``None`` when there is no such
     process; raises :class:`Unreadable` when it cannot be read."""
@@ -180,6 +173,10 @@ def read_stat_bytes(pid: int) -> bytes | None:
         return None
     except OSError as exc:
         raise Unreadable(str(exc)) from None
+
+
+_PROCESSOR: Final = 36
+"""Index of the ``processor`` field (the 39th) after the executable's name."""
 
 
 def stat_identity(data: bytes) -> bytes:
@@ -193,10 +190,6 @@ def stat_identity(data: bytes) -> bytes:
     if len(fields) <= _PROCESSOR:
         return data
     return data[: len(data) - len(fields[_PROCESSOR]) - 1]
-
-
-_PROCESSOR: Final = 36
-"""Index of the ``processor`` field (the 39th) after the executable's name."""
 
 
 def parse_stat(pid: int, data: bytes) -> StatLine:

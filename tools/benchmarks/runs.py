@@ -665,7 +665,7 @@ def main(argv: list[str]) -> int:
             f"    observation: {a['samples_per_s']:,.0f} tree samples/s, their threads' CPU "
             f"{a['sampling_share'] * 100:.1f}% of one core ({per_sample:.0f} us a sample); "
             f"{a['repeated_share'] * 100:.0f}% of them repeated the tree's previous sample "
-            "(every process's stat line unchanged, no new child)"
+            "(every process's stat line unchanged but for the CPU it last ran on, no new child)"
         )
         print(
             f"    journal transactions {a['commits_per_s']:,.0f}/s: rows written on the event "
