@@ -263,6 +263,25 @@ _BUILTIN: Final = tuple(
 )
 
 
+def _gate_literals(rules: Sequence[_Rule]) -> tuple[str, ...] | None:
+    """Lowercase literals such that no rule may match a text whose :func:`_lowered` holds
+    none of them; null when a rule has no literal hint (a configured pattern).
+
+    A rule's :meth:`_Rule.may_match` says yes only when the text holds one of its literals
+    (case-sensitive rules) or the lowered text does (case-folding ones; a gated literal
+    holds its gate); ``_lowered`` keeps every character one character, so a literal in
+    the text is its lowercase in the lowered text. A literal holding another one is left
+    out: the shorter one is found wherever the longer one is.
+    """
+    found: set[str] = set()
+    for rule in rules:
+        if rule.hint is None:
+            return None
+        literals = rule.literals if rule.gate is None else (*rule._ungated, rule.gate)
+        found.update(literal.lower() for literal in literals)
+    return tuple(sorted(x for x in found if not any(y != x and y in x for y in found)))
+
+
 @attrs.frozen
 class Redacted:
     """A redacted string and whether anything was replaced."""
@@ -281,6 +300,17 @@ class Redactor:
 
     rules: tuple[_Rule, ...]
     _memo: dict[str, Redacted] = attrs.field(factory=dict, init=False)
+    _gate: tuple[str, ...] | None = attrs.field(init=False)
+    """See :func:`_gate_literals`."""
+    _none: tuple[bool, ...] = attrs.field(init=False)
+
+    @_gate.default
+    def _gate_default(self) -> tuple[str, ...] | None:
+        return _gate_literals(self.rules)
+
+    @_none.default
+    def _none_default(self) -> tuple[bool, ...]:
+        return (False,) * len(self.rules)
 
     @classmethod
     def create(cls, patterns: Sequence[str] = ()) -> Redactor:
@@ -300,7 +330,18 @@ class Redactor:
         """Per rule: whether it may match somewhere in ``value`` (if not, it leaves ``value``
         and every substring of it unchanged)."""
         lowered = _lowered(value)
+        if self._quiet(lowered):
+            return self._none
         return tuple(rule.may_match(value, lowered) for rule in self.rules)
+
+    def _quiet(self, lowered: str | None) -> bool:
+        """True when no rule may match the text whose :func:`_lowered` is ``lowered``: one
+        loop over :func:`_gate_literals` instead of every rule's own check. (Most texts
+        hold no hint at all: 96% of the strings and JSON texts of the fixtures.)"""
+        gate = self._gate
+        if gate is None or lowered is None:
+            return False
+        return all(literal not in lowered for literal in gate)
 
     def text(self, value: str) -> Redacted:
         """Redact one string."""
@@ -324,6 +365,8 @@ class Redactor:
         marker can bring a hint in, so after the first replacement every rule is checked.
         """
         lowered = _lowered(value)
+        if self._quiet(lowered):
+            return Redacted(value, False)
         changed = False
         for index, rule in enumerate(self.rules):
             if allowed is not None and not changed and not allowed[index]:

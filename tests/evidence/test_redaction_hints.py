@@ -21,6 +21,7 @@ from braid_actors.evidence._redact import (
     _GATES,
     _HINTS,
     BUILTIN_PATTERNS,
+    Redactor,
     _hint,
     _lowered,
 )
@@ -168,3 +169,47 @@ def test_windowed_substitution_is_subn_for_every_name_and_value() -> None:
 def test_every_rule_with_a_lead_has_literal_hints() -> None:
     assert all(rule.literals for rule in _BUILTIN if rule.lead is not None)
     assert [rule.kind for rule in _BUILTIN if rule.lead is None] == ["pem_private_key"]
+
+
+# ---- the redactor's gate: one loop that rules every rule out at once ------------------
+
+GATE_PIECES = sorted(
+    {literal for literals, _fold in _HINTS.values() for literal in literals}
+    | {literal.upper() for literals, _fold in _HINTS.values() for literal in literals}
+    | {literal.title() for literals, _fold in _HINTS.values() for literal in literals}
+    | {"token", "TOKEN", "tok", "en", "sk", "-", "_", ":/", "/", "PRIVATE", " KEY"}
+)
+gate_texts = st.lists(
+    st.sampled_from(GATE_PIECES + list(PIECES)) | st.text(max_size=3), max_size=10
+).map("".join)
+
+
+@given(gate_texts)
+def test_a_quiet_text_is_one_no_rule_may_match(value: str) -> None:
+    """Where the gate finds none of its literals, no rule's own check says yes, and the
+    redactor's answers equal those of a redactor without the gate."""
+    gated = Redactor.create()
+    ungated = Redactor.create()
+    ungated._gate = None
+    lowered = _lowered(value)
+    if gated._quiet(lowered):
+        assert not any(rule.may_match(value, lowered) for rule in gated.rules), value
+    assert gated.candidates(value) == ungated.candidates(value)
+    assert gated._run(value, None) == ungated._run(value, None)
+
+
+def test_the_gate_finds_each_literal_and_steps_aside_for_configured_rules() -> None:
+    redactor = Redactor.create()
+    assert redactor._gate is not None and "token" in redactor._gate
+    for literals, _fold in _HINTS.values():
+        for literal in literals:
+            for text in (literal, f"x {literal.upper()} y", f"({literal.title()})"):
+                assert not redactor._quiet(_lowered(text)), text
+    assert redactor._quiet(_lowered("plain words, input_tokens 12")) is False  # "token"
+    assert redactor._quiet(_lowered("plain words and numbers 12"))
+    assert not redactor._quiet(None)  # a folding character: the rules decide
+    # A configured pattern has no literal hint: every text goes to the rules.
+    configured = Redactor.create([r"hunter\d"])
+    assert configured._gate is None
+    assert not configured._quiet(_lowered("plain words"))
+    assert configured.text("my hunter2 pass").text == "my [REDACTED:configured] pass"
