@@ -192,7 +192,7 @@ def test_a_quiet_text_is_one_no_rule_may_match(value: str) -> None:
     ungated = Redactor.create()
     ungated._gate = None
     lowered = _lowered(value)
-    if gated._quiet(lowered):
+    if gated._quiet(value, lowered):
         assert not any(rule.may_match(value, lowered) for rule in gated.rules), value
     assert gated.candidates(value) == ungated.candidates(value)
     assert gated._run(value, None) == ungated._run(value, None)
@@ -200,16 +200,23 @@ def test_a_quiet_text_is_one_no_rule_may_match(value: str) -> None:
 
 def test_the_gate_finds_each_literal_and_steps_aside_for_configured_rules() -> None:
     redactor = Redactor.create()
-    assert redactor._gate is not None and "token" in redactor._gate
-    for literals, _fold in _HINTS.values():
+    gate = redactor._gate
+    assert gate is not None and "token" in gate.folded and "sk-" in gate.exact
+    assert "sk-ant-" not in gate.exact and "PRIVATE KEY" not in gate.exact  # "sk-", "private"
+    for kind, (literals, fold) in _HINTS.items():
         for literal in literals:
-            for text in (literal, f"x {literal.upper()} y", f"({literal.title()})"):
-                assert not redactor._quiet(_lowered(text)), text
-    assert redactor._quiet(_lowered("plain words, input_tokens 12")) is False  # "token"
-    assert redactor._quiet(_lowered("plain words and numbers 12"))
-    assert not redactor._quiet(None)  # a folding character: the rules decide
+            texts = [literal, f"x {literal} y", f"({literal}"]
+            if fold:
+                texts += [f"x {literal.upper()} y", f"({literal.title()})"]
+            for text in texts:
+                assert not redactor._quiet(text, _lowered(text)), (kind, text)
+    for text in ("plain words, input_tokens 12", "a url: https://example.com", "Basic"):
+        assert not redactor._quiet(text, _lowered(text)), text  # token, ://, basic (folded)
+    for text in ("plain words and numbers 12", "akia gh_p", "SK-1", "Sk-", "EYJ"):
+        assert redactor._quiet(text, _lowered(text)), text  # case-sensitive literals
+    assert not redactor._quiet("\u017fecret", None)  # a folding character: the rules decide
     # A configured pattern has no literal hint: every text goes to the rules.
     configured = Redactor.create([r"hunter\d"])
     assert configured._gate is None
-    assert not configured._quiet(_lowered("plain words"))
+    assert not configured._quiet("plain words", _lowered("plain words"))
     assert configured.text("my hunter2 pass").text == "my [REDACTED:configured] pass"
