@@ -22,7 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from braid_actors.evidence._detect import _is_gemini
-from braid_actors.evidence._materialize import floatless_digest, object_digest
+from braid_actors.evidence._materialize import (
+    compact_json,
+    floatless_digest,
+    holds_float,
+    object_digest,
+)
 from braid_actors.evidence._parsed import (
     MAX_LINE_BYTES,
     loads_stored,
@@ -206,3 +211,41 @@ def test_stored_text_reads_back_as_json_loads(value: Any, ascii_only: bool) -> N
     text = json.dumps(value, ensure_ascii=ascii_only, sort_keys=True)
     data = text.encode("utf-8", "surrogatepass")
     assert repr(loads_stored(data)) == repr(json.loads(data))
+
+
+compact_values = st.recursive(
+    scalars
+    | st.floats()  # NaN and the infinities included: json writes them, orjson would not
+    | st.sampled_from([1e16, 1e-5, -2.5e-30, 1e300, 0.1, -0.0, 2**64 + 1, -(2**70)])
+    | st.text()
+    | st.characters().map(lambda c: c * 3)
+    | st.sampled_from(["\ud800", "a\udfffb", "\x00\x1f\x7f\x08\x0c", "\u2028\u2029", '"\\/']),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+        | st.dictionaries(st.integers(-3, 3) | st.booleans(), inner, max_size=2)
+    ),
+    max_leaves=16,
+)
+
+
+@given(compact_values)
+def test_compact_json_is_json_dumps(value: Any) -> None:
+    """The compact text of a value is json's, whatever the value holds (json encodes
+    everything here, lone surrogates and NaN included, and so must the shortcut)."""
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_compact_json_takes_orjson_only_without_floats() -> None:
+    assert holds_float([{"a": [1, {"b": 0.5}]}]) and holds_float(float("nan"))
+    assert not holds_float({"a": [1, True, None, "0.5", {"b": 2**70}]})
+    deep: Any = 1.5
+    for _ in range(5000):  # deeper than the interpreter's recursion limit
+        deep = [deep]
+    assert holds_float(deep)
+    nested: Any = "x"
+    for _ in range(300):  # deeper than orjson takes: json encodes it
+        nested = {"a": [nested]}
+    assert compact_json(nested) == json.dumps(nested, separators=(",", ":"), ensure_ascii=False)
+    # the floats where orjson and json part: exponents and NaN
+    assert compact_json({"x": [1e16, 1e-5, float("nan")]}) == '{"x":[1e+16,1e-05,NaN]}'
