@@ -23,6 +23,8 @@ from braid_actors.model import (
     Run,
     Worker,
     WorkerControlled,
+    WorkerExec,
+    WorkerExecuted,
     WorkerExited,
     WorkerObserved,
     WorkerSpawned,
@@ -94,6 +96,28 @@ def _worker_controlled(state: GraphState, ev: WorkerControlled, seq: int | None)
     state.runs[run.run_id] = replace(run, events=counted(run, seq))
 
 
+def _worker_executed(state: GraphState, ev: WorkerExecuted, seq: int | None) -> None:
+    """A worker's new command line: kept in its ``execs``, deduplicated like an exit; a
+    child's past the limits freezes the child history as ``worker.exited`` does."""
+    run, worker = _run_worker(state, ev.run_id, ev.worker_id)
+    _seen(run, ev.source_event_id)
+    is_child = worker.parent_worker_id is not None
+    if len(run.source_event_ids) >= MAX_RUN_SOURCE_EVENTS:
+        if is_child:
+            run = replace(run, children_complete=False)
+        state.runs[run.run_id] = replace(run, events=counted(run, seq))
+        return
+    if is_child and not run.children_complete:
+        state.runs[run.run_id] = replace(run, events=counted(run, seq))
+        return
+    state.workers[worker.worker_id] = replace(
+        worker, execs=(*worker.execs, WorkerExec(ev.command, ev.at))
+    )
+    state.runs[run.run_id] = replace(
+        run, source_event_ids=(*run.source_event_ids, ev.source_event_id), events=counted(run, seq)
+    )
+
+
 def _worker_exited(state: GraphState, ev: WorkerExited, seq: int | None) -> None:
     run = live_run(state, ev.run_id)
     worker = state.workers.get(ev.worker_id)
@@ -126,5 +150,6 @@ WORKER_HANDLERS: dict[type[Any], Callable[[GraphState, Any, int | None], None]] 
     WorkerSpawned: _worker_spawned,
     WorkerObserved: _worker_observed,
     WorkerControlled: _worker_controlled,
+    WorkerExecuted: _worker_executed,
     WorkerExited: _worker_exited,
 }

@@ -395,6 +395,16 @@ class WorkerControl:
 
 
 @attrs.frozen
+class WorkerExec:
+    """A command line a worker was seen running after it was found (an exec)."""
+
+    command: tuple[str, ...]
+    """Bounded argv, as the sample that saw it read it."""
+    observed_at: datetime
+    """When that sample's result was recorded: the exec happened since the sample before."""
+
+
+@attrs.frozen
 class Worker:
     """An OS process a run started (or one its children started)."""
 
@@ -407,7 +417,11 @@ class Worker:
     """psutil create time; with the pid it identifies the process (pids get reused)."""
     pgid: int | None = None
     command: tuple[str, ...] = ()
-    """Bounded argv as observed."""
+    """Bounded argv as observed when the worker was found (a child caught between ``fork``
+    and ``exec`` shows its parent's: see ``execs``)."""
+    execs: tuple[WorkerExec, ...] = ()
+    """Command lines it was seen running later, oldest first (its current one is the last,
+    or ``command`` when there is none)."""
     spend: WorkerSpend = WorkerSpend()
     log_ref: str | None = None
     """Where the bounded stderr log was kept (a path under the Braid home)."""

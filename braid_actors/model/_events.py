@@ -454,6 +454,25 @@ class WorkerControlled:
 
 
 @attrs.frozen
+class WorkerExecuted:
+    """Observation found a worker running a new command line (an exec since its last sample)."""
+
+    conversation_id: str
+    run_id: str
+    worker_id: str
+    command: tuple[str, ...]
+    source_event_id: str
+    """Identity of the observation (``proc:<pid>:<create time>:exec:<digest of the command>``),
+    deduplicated per run."""
+    at: datetime
+    type: Literal["worker.executed"] = "worker.executed"
+
+    @property
+    def stream(self) -> str:
+        return self.conversation_id
+
+
+@attrs.frozen
 class WorkerExited:
     """A worker process is gone: exited, killed, or lost from sight."""
 
@@ -497,6 +516,7 @@ Event = (
     | WorkerSpawned
     | WorkerObserved
     | WorkerControlled
+    | WorkerExecuted
     | WorkerExited
 )
 
@@ -532,6 +552,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         WorkerSpawned,
         WorkerObserved,
         WorkerControlled,
+        WorkerExecuted,
         WorkerExited,
     )
 }

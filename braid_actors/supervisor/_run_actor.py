@@ -23,7 +23,7 @@ Theory of operation:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import trio
@@ -43,7 +43,6 @@ from braid_actors.model import (
     Worker,
     WorkerExited,
     WorkerObserved,
-    WorkerSpawned,
     WorkerSpend,
     WorkerStatus,
 )
@@ -57,6 +56,7 @@ from braid_actors.providers import (
     TurnResult,
     WorkerInfo,
 )
+from braid_actors.supervisor._children import ChildWorkers
 from braid_actors.supervisor._planning import prepare_request
 from braid_actors.supervisor._reconcile_cli import reconcile_native
 from braid_actors.supervisor._sink import JournalSink, PendingInteraction
@@ -109,7 +109,7 @@ class RunActor:
         self.crossing: Crossing | None = None
         self.sink: JournalSink | None = None
         self._nursery: trio.Nursery | None = None
-        self._children: dict[tuple[int, float], Worker] = {}
+        self.children = ChildWorkers(sup, run_id)
         self._spend: WorkerSpend | None = None
         """The last sample's figures (not the sample: that holds every process's details)."""
         self._spend_log = SpendLog()
@@ -447,29 +447,7 @@ class RunActor:
             rss_bytes=sample.peak_rss_bytes,
             wall_seconds=sample.wall_seconds,
         )
-        run = self._run()
-        conv = run.conversation_id
-        root = sink.root_worker
-        at = self.sup.clock()
-        for snap in sample.new:
-            if snap.key.pid == root.pid:
-                continue
-            await self._child_spawned(snap, root, conv, at)
-        for key in sample.exited:
-            child = self._children.pop((key.pid, key.create_time), None)
-            if child is not None:
-                await self.sup.record_quietly(
-                    WorkerExited(
-                        conv,
-                        self.run_id,
-                        child.worker_id,
-                        "exited",
-                        None,
-                        None,
-                        f"proc:{key.pid}:{key.create_time:.2f}:exit",
-                        at,
-                    )
-                )
+        await self.children.sampled(sample, sink.root_worker, self.sup.clock())
         if self._spend_log.due(spend):
             await self._journal_spend(self.sup.record)
         self._check(self._measured())
@@ -490,34 +468,6 @@ class RunActor:
             )
         )
         self._spend_log.journaled(spend)
-
-    async def _child_spawned(self, snap: Any, root: Worker, conv: str, at: Any) -> None:
-        run = self._run()
-        if not run.children_complete:
-            return
-        parent = next((w for w in self._children.values() if w.pid == snap.ppid), root)
-        child = Worker(
-            worker_id=self.sup.ids("wrk"),
-            run_id=self.run_id,
-            status="running",
-            parent_worker_id=parent.worker_id,
-            pid=snap.key.pid,
-            create_time=snap.key.create_time,
-            pgid=snap.pgid,
-            command=tuple(snap.argv or ())[:32],
-        )
-        edge = graph.make_edge(
-            self.sup.ids,
-            "spawned",
-            parent.worker_id,
-            child.worker_id,
-            self.run_id,
-            at,
-            {"pid": snap.key.pid},
-        )
-        source = f"proc:{snap.key.pid}:{snap.key.create_time:.2f}:start"
-        if await self.sup.record_quietly(WorkerSpawned(conv, self.run_id, child, edge, source, at)):
-            self._children[(snap.key.pid, snap.key.create_time)] = child
 
     def _measured(self) -> Measured:
         run = self._run()

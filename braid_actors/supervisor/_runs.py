@@ -187,24 +187,27 @@ class RunsSupervisor:
         run = self.state.runs[run_id]
         if store is None or run.trace_path is None:
             return None
-        observations = [
-            ProcessObservation(
-                pid=worker.pid,
-                ppid=(
-                    self.state.workers[worker.parent_worker_id].pid
-                    if worker.parent_worker_id is not None
-                    else os.getpid()
-                ),
-                argv=worker.command,
-                started_at=(
-                    datetime.fromtimestamp(worker.create_time, UTC)
-                    if worker.create_time is not None
-                    else None
-                ),
-                run_id=run_id,
+        observations = []
+        for worker in (self.state.workers[w] for w in run.worker_ids):
+            ppid = (
+                self.state.workers[worker.parent_worker_id].pid
+                if worker.parent_worker_id is not None
+                else os.getpid()
             )
-            for worker in (self.state.workers[w] for w in run.worker_ids)
-        ]
+            started = (
+                datetime.fromtimestamp(worker.create_time, UTC)
+                if worker.create_time is not None
+                else None
+            )
+            observations.append(
+                ProcessObservation(worker.pid, ppid, worker.command, started, run_id)
+            )
+            # Each later command line: the process exec'd it between the sample before
+            # and the one that saw it, which is the time it carries.
+            observations.extend(
+                ProcessObservation(worker.pid, ppid, ex.command, ex.observed_at, run_id)
+                for ex in worker.execs
+            )
         trace = Path(run.trace_path)
 
         def ingest() -> None:

@@ -91,6 +91,9 @@ class Member:
     identity (``_procstat.stat_identity``)."""
     reading: Reading | None = None
     """Its last complete reading (figures, resident set and command line all read)."""
+    reported: tuple[str, ...] | None = None
+    """The command line its samples reported so far (null before its first; see
+    ``TreeSample.execs``)."""
 
 
 @attrs.frozen

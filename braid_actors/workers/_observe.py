@@ -97,6 +97,11 @@ class TreeSample:
     repeated: bool = False
     """True when every member read as at the previous sample and no child was new: the
     figures are the previous sample's (only the number, the time and the wall clock moved)."""
+    execs: tuple[ProcessSnapshot, ...] = ()
+    """Members known before this sample whose command line changed since the sample before
+    (an exec; a child caught between ``fork`` and ``exec`` is found with its parent's
+    command and listed here once it runs its own), with the new one. Never a new member,
+    never an empty or unreadable command line."""
 
     @property
     def root_alive(self) -> bool:
@@ -192,8 +197,24 @@ class TreeObserver:
             if self._members[snapshot.key].zombie:
                 exited.append(snapshot.key)
         self._link_parents(readings)
-        self._last = self._summarise(readings, new, exited)
+        self._last = self._summarise(readings, new, exited, self._execs(readings))
         return self._last
+
+    def _execs(self, readings: dict[ProcessKey, Reading]) -> list[ProcessSnapshot]:
+        """The members whose command line changed since their last sample (see
+        ``TreeSample.execs``); a member's first reading only sets what it reported."""
+        found: list[ProcessSnapshot] = []
+        for key, reading in readings.items():
+            member = self._members.get(key)
+            if member is None:
+                continue
+            argv = reading.snapshot.argv
+            if member.reported is None:
+                member.reported = argv or ()
+            elif argv and argv != member.reported and not reading.zombie:
+                member.reported = argv
+                found.append(reading.snapshot)
+        return found
 
     def _repeat(self) -> TreeSample:
         """The previous sample again, taken now."""
@@ -319,6 +340,7 @@ class TreeObserver:
         readings: dict[ProcessKey, Reading],
         new: list[ProcessSnapshot],
         exited: list[ProcessKey],
+        execs: list[ProcessSnapshot],
     ) -> TreeSample:
         now = time.time()
         running = [r for r in readings.values() if not r.zombie]
@@ -345,6 +367,7 @@ class TreeObserver:
             new=tuple(new),
             exited=tuple(sorted(set(exited))),
             unreadable=tuple(sorted(r.snapshot.key for r in running if not r.readable)),
+            execs=tuple(sorted(execs, key=lambda snapshot: snapshot.key)),
         )
 
     def _wall(self, now: float, root_running: bool) -> float:

@@ -445,6 +445,44 @@ def test_child_observations_dedupe_and_freeze_at_the_limit() -> None:
     assert g.s.workers[root].status == "exited"
 
 
+def test_a_workers_new_command_lines_are_kept_once_each() -> None:
+    """``worker.executed`` appends to the worker's ``execs`` (its found ``command`` stays),
+    dedupes by source identity, and freezes a child history past the limits."""
+    from braid_actors.model import Worker, WorkerExec, WorkerExecuted, WorkerSpawned
+
+    g = G()
+    conv, run_id, root = _running_run_with_root_fresh(g)
+    child = Worker("wrk_c", run_id, "running", parent_worker_id=root, pid=7, command=("node",))
+    edge = graph.make_edge(g.ids, "spawned", root, "wrk_c", "op", g.at())
+    graph.apply(g.s, WorkerSpawned(conv, run_id, child, edge, "proc:7:1.00:start", g.at()))
+    at = g.at()
+    graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("git", "status"), "x:e1", at))
+    graph.apply(g.s, WorkerExecuted(conv, run_id, root, ("sh", "-c", "y"), "x:e2", at))
+    assert g.s.workers["wrk_c"].command == ("node",)
+    assert g.s.workers["wrk_c"].execs == (WorkerExec(("git", "status"), at),)
+    assert g.s.workers[root].execs == (WorkerExec(("sh", "-c", "y"), at),)
+    assert {"x:e1", "x:e2"} <= set(g.s.runs[run_id].source_event_ids)
+    with pytest.raises(BraidError) as dup:
+        graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("other",), "x:e1", g.at()))
+    assert dup.value.code == "duplicate_identifier"
+    with pytest.raises(BraidError) as unknown:
+        graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_none", ("x",), "x:e3", g.at()))
+    assert unknown.value.code == "integrity_violation"
+    # A frozen child history keeps the child's commands as they were.
+    run = g.s.runs[run_id]
+    g.s.runs[run_id] = attrs_evolve(run, children_complete=False)
+    graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("later",), "x:e4", g.at()))
+    assert [e.command for e in g.s.workers["wrk_c"].execs] == [("git", "status")]
+    graph.apply(g.s, WorkerExecuted(conv, run_id, root, ("root", "later"), "x:e5", g.at()))
+    assert g.s.workers[root].execs[-1].command == ("root", "later")
+
+
+def attrs_evolve(inst: Any, **changes: Any) -> Any:
+    import attrs
+
+    return attrs.evolve(inst, **changes)
+
+
 def attrs_evolve_worker(ev: Any, worker_id: str) -> Any:
     import attrs
 

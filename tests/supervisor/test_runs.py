@@ -388,6 +388,51 @@ async def test_finished_run_ingests_its_transcript_as_evidence(
     assert runtime["capture"]["status"] == "ok"
 
 
+async def test_a_child_that_execs_keeps_both_commands(braid: tuple[BraidApp, Path]) -> None:
+    """A shell child that execs another program once it was found: its worker keeps the
+    command it was found with and records the new one once (``worker.executed``), and the
+    run's runtime evidence holds both command lines."""
+    from braid_actors.evidence import EvidenceStore
+
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    text = "!sleep 0.6; exec sleep 0.7"
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": text})
+    blocked = await _wait_state(app, sent["runId"], {"blocked"})
+    await call(
+        app,
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert final["state"] == "succeeded", final["outcome"]
+    workers = (await call(app, "list_workers", {"runId": sent["runId"]}))["workers"]
+    (shell,) = [w for w in workers if w["command"] == ["sh", "-c", text[1:]]]
+    assert [e["command"] for e in shell["execs"]] == [["sleep", "0.7"]]
+    assert shell["execs"][0]["observedAt"]
+    assert all(w["execs"] == [] for w in workers if w is not shell)
+    assert _run_record_types(app, sent["runId"]).count("worker.executed") == 1
+    store = await trio.to_thread.run_sync(EvidenceStore.open, app.home)
+    try:
+        argvs = await trio.to_thread.run_sync(
+            store.read_with,
+            lambda conn, *_: [
+                json.loads(row[0])
+                for row in conn.execute(
+                    "SELECT argv FROM runtime_events WHERE run_id=?", (sent["runId"],)
+                )
+            ],
+        )
+    finally:
+        store.close()
+    assert ["sh", "-c", text[1:]] in argvs
+    assert ["sleep", "0.7"] in argvs
+
+
 async def test_fresh_retry_records_the_context_transfer_receipt(
     braid: tuple[BraidApp, Path],
 ) -> None:

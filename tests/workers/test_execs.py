@@ -1,0 +1,127 @@
+"""A member that runs a new command line after it was found is reported once, in ``execs``:
+a child caught between ``fork`` and ``exec`` (found with its parent's command), and a root
+that execs. New members and unchanged ones never are."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from braid_actors.workers import ProcessKey, TreeObserver, TreeSample
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+# The child waits between fork and exec until the test writes a line to the parent.
+_FORK_THEN_EXEC = (
+    "import os, sys\n"
+    "r, w = os.pipe()\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.close(w)\n"
+    "    os.read(r, 1)\n"
+    "    os.execvp('sleep', ['sleep', '30'])\n"
+    "os.close(r)\n"
+    "print(pid, flush=True)\n"
+    "sys.stdin.readline()\n"
+    "os.write(w, b'x')\n"
+    "os.waitpid(pid, 0)\n"
+)
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    made: list[subprocess.Popen[bytes]] = []
+    yield made
+    for proc in made:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _key(pid: int) -> ProcessKey:
+    return ProcessKey(pid, psutil.Process(pid).create_time())
+
+
+def _sample_until(
+    observer: TreeObserver, done: Callable[[TreeSample], bool], seen: list[TreeSample]
+) -> TreeSample:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sample = observer.sample()
+        seen.append(sample)
+        if done(sample):
+            return sample
+        time.sleep(0.05)
+    raise AssertionError("the tree never reached the awaited state")
+
+
+def test_a_child_found_before_its_exec_is_reported_once_it_runs_its_own_command(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    root = subprocess.Popen(
+        [sys.executable, "-c", _FORK_THEN_EXEC], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    started.append(root)
+    assert root.stdout is not None and root.stdin is not None
+    child_pid = int(root.stdout.readline())
+    observer = TreeObserver.of(_key(root.pid))
+    seen: list[TreeSample] = []
+    first = _sample_until(observer, lambda s: any(p.pid == child_pid for p in s.new), seen)
+    (found,) = [p for p in first.new if p.pid == child_pid]
+    assert found.argv is not None and found.argv[0] == sys.executable  # the parent's command
+    assert not any(s.execs for s in seen)
+    for _ in range(3):  # nothing changes while it waits
+        assert not observer.sample().execs
+    root.stdin.write(b"go\n")
+    root.stdin.flush()
+    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
+    (executed,) = exec_sample.execs
+    assert executed.key == found.key
+    assert executed.argv == ("sleep", "30")
+    assert exec_sample.new == ()
+    later = [observer.sample() for _ in range(3)]
+    assert all(s.execs == () for s in later)  # reported once
+    running = {p.pid: p.argv for p in later[-1].processes}
+    assert running[child_pid] == ("sleep", "30")
+    root_argv = running[root.pid]
+    assert root_argv is not None and root_argv[0] == sys.executable
+
+
+def test_a_root_that_execs_is_reported_with_its_new_command(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    root = subprocess.Popen(
+        ["sh", "-c", "read line; exec sleep 30"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    started.append(root)
+    assert root.stdin is not None
+    command = ["sh", "-c", "read line; exec sleep 30"]
+    deadline = time.monotonic() + 10
+    while psutil.Process(root.pid).cmdline() != command:  # (not caught mid-exec of sh)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    observer = TreeObserver.of(_key(root.pid))
+    first = observer.sample()
+    assert first.execs == ()  # a first reading is no change
+    assert first.processes[0].argv == ("sh", "-c", "read line; exec sleep 30")
+    root.stdin.write(b"go\n")
+    root.stdin.flush()
+    seen: list[TreeSample] = []
+    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
+    (executed,) = exec_sample.execs
+    assert executed.key == first.root
+    assert executed.argv == ("sleep", "30")
+    assert not any(s.execs for s in seen[:-1])
+    assert not observer.sample().execs
