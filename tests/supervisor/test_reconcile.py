@@ -23,6 +23,7 @@ import trio
 
 from braid_actors.app import BraidApp, call, open_app
 from braid_actors.cli.verify import verify_home
+from braid_actors.journal import Journal, load_or_create_key
 from braid_actors.workers import find_local_workers
 
 
@@ -177,3 +178,48 @@ async def test_worker_gone_with_its_supervisor_is_unknown(tmp_path: Path, restar
     assert record["state"] == "unknown"
     assert record["outcome"]["kind"] == "lost"
     assert "did not report" in record["outcome"]["reason"]
+
+
+async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """A shell child found by the killed supervisor execs after the restart: the new one
+    recognises the journaled worker (no second record of the child) and records the new
+    command line on it, once."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first = await _start_headless(home)
+    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
+    text = "!sleep 4; exec sleep 1"
+    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
+    blocked = await _until(first, sent["runId"], "blocked")
+    await first.ask(
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    shell_command = ["sh", "-c", text[1:]]
+    with trio.fail_after(10):
+        while True:
+            listed = await first.ask("list_workers", {"runId": sent["runId"]})
+            if any(w["command"] == shell_command for w in listed["workers"]):
+                break
+            await trio.sleep(0.05)
+    first.proc.kill()
+    await first.proc.wait()
+    app: BraidApp = await restarted(home)
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    workers = (await call(app, "list_workers", {"runId": sent["runId"]}))["workers"]
+    (shell,) = [w for w in workers if w["command"] == shell_command]
+    assert [e["command"] for e in shell["execs"]] == [["sleep", "1"]]
+    await app.shutdown(drain=True)
+    key = load_or_create_key(home, {})
+    with Journal.open(home, key, readonly=True) as journal:
+        types = [r.type for r in journal.read() if r.data.get("run_id") == sent["runId"]]
+    assert types.count("worker.executed") == 1
+    report = verify_home(home, {"BRAID_HOME": str(home)})
+    assert report.ok, report.render()
