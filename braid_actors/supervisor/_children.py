@@ -8,7 +8,7 @@ seen running a new command line records it (``worker.executed``). Each carries a
 identity built from the process's pid and creation time, so the graph refuses a repeat (a
 restarted supervisor's observer finds the same processes again). A new command line is
 matched to its worker among the ones this actor recorded, the root, or the run's journaled
-workers (a child a previous supervisor recorded).
+workers (a child a previous supervisor recorded), and so is an exit (of a child only).
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ class ChildWorkers:
                 await self._spawned(snap, root, conv, at)
         for key in sample.exited:
             child = self._known.pop(_key_of(key.pid, key.create_time), None)
+            if child is None:
+                # A child a previous supervisor recorded (this one's spawn was refused as
+                # a duplicate): its exit is recorded now, not when the run ends.
+                child = self._journaled(key)
+                if child is not None and (
+                    child.parent_worker_id is None or child.status != "running"
+                ):
+                    child = None
             if child is not None:
                 await self.sup.record_quietly(
                     WorkerExited(

@@ -205,8 +205,9 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
     with trio.fail_after(10):
         while True:
             listed = await first.ask("list_workers", {"runId": sent["runId"]})
-            if any(w["command"] == shell_command for w in listed["workers"]):
-                break
+            commands = [w["command"] for w in listed["workers"]]
+            if shell_command in commands and ["sleep", "4"] in commands:
+                break  # both children are journaled before the kill
             await trio.sleep(0.05)
     first.proc.kill()
     await first.proc.wait()
@@ -219,7 +220,18 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
     await app.shutdown(drain=True)
     key = load_or_create_key(home, {})
     with Journal.open(home, key, readonly=True) as journal:
-        types = [r.type for r in journal.read() if r.data.get("run_id") == sent["runId"]]
-    assert types.count("worker.executed") == 1
+        records = [r for r in journal.read() if r.data.get("run_id") == sent["runId"]]
+    assert [r.type for r in records].count("worker.executed") == 1
+    # A child the killed supervisor recorded ends as it exits, seen by the new one's samples
+    # (":exit"), not at the run's end (":end"); every worker ends once. (The shell exits
+    # as the turn ends: which of the two records it first is a race.)
+    (sleep,) = [w for w in workers if w["command"] == ["sleep", "4"]]
+    ends = [
+        (r.data["worker_id"], r.data["source_event_id"])
+        for r in records
+        if r.type == "worker.exited"
+    ]
+    assert sorted(worker for worker, _ in ends) == sorted(w["workerId"] for w in workers)
+    assert dict(ends)[sleep["workerId"]].endswith(":exit"), ends
     report = verify_home(home, {"BRAID_HOME": str(home)})
     assert report.ok, report.render()
