@@ -52,6 +52,23 @@ async def _wait_state(app: BraidApp, run_id: str, states: set[str]) -> dict[str,
     return record
 
 
+async def _allowed_run(app: BraidApp, branch: str, text: str) -> tuple[str, dict[str, Any]]:
+    """Submit ``text`` (a ``!`` shell line), allow its permission, wait for the end."""
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": text})
+    blocked = await _wait_state(app, sent["runId"], {"blocked"})
+    await call(
+        app,
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    return sent["runId"], final
+
+
 def _gone(pid: int | None) -> bool:
     assert pid is not None
     try:
@@ -170,28 +187,9 @@ async def test_workers_and_children_are_observed(braid: tuple[BraidApp, Path]) -
     """The root worker and the shell's children become workers with spawned edges and spend."""
     app, workspace = braid
     branch = await _conversation(app, workspace)
-    sent = await call(
-        app,
-        "submit_turn",
-        {
-            "branchId": branch,
-            "text": "!sleep 1.5 & sleep 1.5 & wait",
-        },
-    )
-    blocked = await _wait_state(app, sent["runId"], {"blocked"})
-    ask = blocked["interactions"][0]
-    await call(
-        app,
-        "respond_interaction",
-        {
-            "runId": sent["runId"],
-            "interactionId": ask["interactionId"],
-            "answer": {"allow": True},
-        },
-    )
-    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    run_id, final = await _allowed_run(app, branch, "!sleep 1.5 & sleep 1.5 & wait")
     assert final["state"] == "succeeded", final["outcome"]
-    listed = await call(app, "list_workers", {"runId": sent["runId"]})
+    listed = await call(app, "list_workers", {"runId": run_id})
     workers = listed["workers"]
     root = workers[0]
     assert root["parentWorkerId"] is None
@@ -364,23 +362,12 @@ async def test_finished_run_ingests_its_transcript_as_evidence(
 
     app, workspace = braid
     branch = await _conversation(app, workspace)
-    sent = await call(app, "submit_turn", {"branchId": branch, "text": "!echo hi\nhello"})
-    blocked = await _wait_state(app, sent["runId"], {"blocked"})
-    await call(
-        app,
-        "respond_interaction",
-        {
-            "runId": sent["runId"],
-            "interactionId": blocked["interactions"][0]["interactionId"],
-            "answer": {"allow": True},
-        },
-    )
-    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
-    assert final["traceRef"] == sent["runId"]
+    run_id, final = await _allowed_run(app, branch, "!echo hi\nhello")
+    assert final["traceRef"] == run_id
     store = await trio.to_thread.run_sync(EvidenceStore.open, app.home)
     try:
-        overview = await trio.to_thread.run_sync(store.overview, sent["runId"])
-        runtime = await trio.to_thread.run_sync(store.runtime_coverage, sent["runId"])
+        overview = await trio.to_thread.run_sync(store.overview, run_id)
+        runtime = await trio.to_thread.run_sync(store.runtime_coverage, run_id)
     finally:
         store.close()
     text = json.dumps(overview)
@@ -397,34 +384,21 @@ async def test_a_child_that_execs_keeps_both_commands(braid: tuple[BraidApp, Pat
     app, workspace = braid
     branch = await _conversation(app, workspace)
     text = "!sleep 0.6; exec sleep 0.7"
-    sent = await call(app, "submit_turn", {"branchId": branch, "text": text})
-    blocked = await _wait_state(app, sent["runId"], {"blocked"})
-    await call(
-        app,
-        "respond_interaction",
-        {
-            "runId": sent["runId"],
-            "interactionId": blocked["interactions"][0]["interactionId"],
-            "answer": {"allow": True},
-        },
-    )
-    final = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    run_id, final = await _allowed_run(app, branch, text)
     assert final["state"] == "succeeded", final["outcome"]
-    workers = (await call(app, "list_workers", {"runId": sent["runId"]}))["workers"]
+    workers = (await call(app, "list_workers", {"runId": run_id}))["workers"]
     (shell,) = [w for w in workers if w["command"] == ["sh", "-c", text[1:]]]
     assert [e["command"] for e in shell["execs"]] == [["sleep", "0.7"]]
     assert shell["execs"][0]["observedAt"]
     assert all(w["execs"] == [] for w in workers if w is not shell)
-    assert _run_record_types(app, sent["runId"]).count("worker.executed") == 1
+    assert _run_record_types(app, run_id).count("worker.executed") == 1
     store = await trio.to_thread.run_sync(EvidenceStore.open, app.home)
     try:
         argvs = await trio.to_thread.run_sync(
             store.read_with,
             lambda conn, *_: [
                 json.loads(row[0])
-                for row in conn.execute(
-                    "SELECT argv FROM runtime_events WHERE run_id=?", (sent["runId"],)
-                )
+                for row in conn.execute("SELECT argv FROM runtime_events WHERE run_id=?", (run_id,))
             ],
         )
     finally:

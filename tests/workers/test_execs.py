@@ -10,12 +10,11 @@ import time
 from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
-import pytest
 
 from braid_actors.workers import ProcessKey, TreeObserver, TreeSample
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 # The child waits between fork and exec until the test writes a line to the parent.
 _FORK_THEN_EXEC = (
@@ -32,22 +31,6 @@ _FORK_THEN_EXEC = (
     "os.write(w, b'x')\n"
     "os.waitpid(pid, 0)\n"
 )
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    made: list[subprocess.Popen[bytes]] = []
-    yield made
-    for proc in made:
-        if proc.poll() is None:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 def _key(pid: int) -> ProcessKey:
@@ -68,12 +51,12 @@ def _sample_until(
 
 
 def test_a_child_found_before_its_exec_is_reported_once_it_runs_its_own_command(
-    started: list[subprocess.Popen[bytes]],
+    children: list[subprocess.Popen[bytes]],
 ) -> None:
     root = subprocess.Popen(
         [sys.executable, "-c", _FORK_THEN_EXEC], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    started.append(root)
+    children.append(root)
     assert root.stdout is not None and root.stdin is not None
     child_pid = int(root.stdout.readline())
     observer = TreeObserver.of(_key(root.pid))
@@ -100,12 +83,12 @@ def test_a_child_found_before_its_exec_is_reported_once_it_runs_its_own_command(
 
 
 def test_a_root_that_execs_is_reported_with_its_new_command(
-    started: list[subprocess.Popen[bytes]],
+    children: list[subprocess.Popen[bytes]],
 ) -> None:
     root = subprocess.Popen(
         ["sh", "-c", "read line; exec sleep 30"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    started.append(root)
+    children.append(root)
     assert root.stdin is not None
     command = ["sh", "-c", "read line; exec sleep 30"]
     deadline = time.monotonic() + 10

@@ -15,7 +15,7 @@ import pytest
 from braid_actors.workers import ProcessKey, ProcessTable, TreeObserver, TreeSample, _procstat
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 _GROW = (
     "import sys\n"
@@ -25,19 +25,6 @@ _GROW = (
     "    kept.append(b'x' * (48 << 20))\n"  # written, so resident
     "    print('grown', flush=True)\n"
 )
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    made: list[subprocess.Popen[bytes]] = []
-    yield made
-    for child in made:
-        for stream in (child.stdin, child.stdout):
-            if stream is not None:
-                stream.close()
-        if child.poll() is None:
-            child.kill()
-        child.wait()
 
 
 @pytest.fixture
