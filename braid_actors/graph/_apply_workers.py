@@ -97,25 +97,23 @@ def _worker_controlled(state: GraphState, ev: WorkerControlled, seq: int | None)
 
 
 def _worker_executed(state: GraphState, ev: WorkerExecuted, seq: int | None) -> None:
-    """A worker's new command line: kept in its ``execs``, deduplicated like an exit; a
-    child's past the limits freezes the child history as ``worker.exited`` does."""
+    """A worker's new command line, kept in its ``execs``: deduplicated, and past the
+    limits handled as ``worker.exited`` is (a child's freezes the child history; the root's
+    is kept, its identity only while there is room)."""
     run, worker = _run_worker(state, ev.run_id, ev.worker_id)
     _seen(run, ev.source_event_id)
-    is_child = worker.parent_worker_id is not None
-    if len(run.source_event_ids) >= MAX_RUN_SOURCE_EVENTS:
-        if is_child:
-            run = replace(run, children_complete=False)
-        state.runs[run.run_id] = replace(run, events=counted(run, seq))
-        return
-    if is_child and not run.children_complete:
-        state.runs[run.run_id] = replace(run, events=counted(run, seq))
+    ids = run.source_event_ids
+    if worker.parent_worker_id is not None and (
+        not run.children_complete or len(ids) >= MAX_RUN_SOURCE_EVENTS
+    ):
+        state.runs[run.run_id] = replace(run, children_complete=False, events=counted(run, seq))
         return
     state.workers[worker.worker_id] = replace(
         worker, execs=(*worker.execs, WorkerExec(ev.command, ev.at))
     )
-    state.runs[run.run_id] = replace(
-        run, source_event_ids=(*run.source_event_ids, ev.source_event_id), events=counted(run, seq)
-    )
+    if len(ids) < MAX_RUN_SOURCE_EVENTS:
+        ids = (*ids, ev.source_event_id)
+    state.runs[run.run_id] = replace(run, source_event_ids=ids, events=counted(run, seq))
 
 
 def _worker_exited(state: GraphState, ev: WorkerExited, seq: int | None) -> None:

@@ -448,7 +448,13 @@ def test_child_observations_dedupe_and_freeze_at_the_limit() -> None:
 def test_a_workers_new_command_lines_are_kept_once_each() -> None:
     """``worker.executed`` appends to the worker's ``execs`` (its found ``command`` stays),
     dedupes by source identity, and freezes a child history past the limits."""
-    from braid_actors.model import Worker, WorkerExec, WorkerExecuted, WorkerSpawned
+    from braid_actors.model import (
+        MAX_RUN_SOURCE_EVENTS,
+        Worker,
+        WorkerExec,
+        WorkerExecuted,
+        WorkerSpawned,
+    )
 
     g = G()
     conv, run_id, root = _running_run_with_root_fresh(g)
@@ -468,13 +474,20 @@ def test_a_workers_new_command_lines_are_kept_once_each() -> None:
     with pytest.raises(BraidError) as unknown:
         graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_none", ("x",), "x:e3", g.at()))
     assert unknown.value.code == "integrity_violation"
-    # A frozen child history keeps the child's commands as they were.
+    # Past the identities' limit a child's command freezes the child history; the root's
+    # is still kept (its identity is not).
     run = g.s.runs[run_id]
-    g.s.runs[run_id] = attrs_evolve(run, children_complete=False)
+    filler = tuple(f"x:fill{n}" for n in range(MAX_RUN_SOURCE_EVENTS - len(run.source_event_ids)))
+    g.s.runs[run_id] = attrs_evolve(run, source_event_ids=(*run.source_event_ids, *filler))
     graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("later",), "x:e4", g.at()))
     assert [e.command for e in g.s.workers["wrk_c"].execs] == [("git", "status")]
+    assert not g.s.runs[run_id].children_complete
     graph.apply(g.s, WorkerExecuted(conv, run_id, root, ("root", "later"), "x:e5", g.at()))
     assert g.s.workers[root].execs[-1].command == ("root", "later")
+    assert len(g.s.runs[run_id].source_event_ids) == MAX_RUN_SOURCE_EVENTS
+    # A frozen child history keeps the child's commands as they were.
+    graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("again",), "x:e6", g.at()))
+    assert [e.command for e in g.s.workers["wrk_c"].execs] == [("git", "status")]
 
 
 def attrs_evolve(inst: Any, **changes: Any) -> Any:
