@@ -44,7 +44,7 @@ class ChildWorkers:
         conv = self.sup.state.runs[self.run_id].conversation_id
         for snap in sample.new:
             if snap.key.pid != root.pid:
-                await self._spawned(snap, root, conv, at)
+                await self._spawned(snap, sample, root, conv, at)
         for key in sample.exited:
             child = self._known.pop(_key_of(key.pid, key.create_time), None)
             if child is None:
@@ -71,11 +71,20 @@ class ChildWorkers:
         for snap in sample.execs:
             await self._executed(snap, root, conv, at)
 
-    async def _spawned(self, snap: ProcessSnapshot, root: Worker, conv: str, at: datetime) -> None:
+    async def _spawned(
+        self, snap: ProcessSnapshot, sample: TreeSample, root: Worker, conv: str, at: datetime
+    ) -> None:
         run = self.sup.state.runs[self.run_id]
         if not run.children_complete:
             return
-        parent = next((w for w in self._known.values() if w.pid == snap.ppid), root)
+        parent = next((w for w in self._known.values() if w.pid == snap.ppid), None)
+        if parent is None:
+            # A parent a previous supervisor recorded: found by the identity this sample
+            # read for its pid (a child spawned after a restart is not the root's).
+            member = next((p for p in sample.processes if p.pid == snap.ppid), None)
+            parent = None if member is None else self._journaled(member.key)
+        if parent is None or parent.parent_worker_id is None:
+            parent = root
         child = Worker(
             worker_id=self.sup.ids("wrk"),
             run_id=self.run_id,

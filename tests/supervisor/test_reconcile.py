@@ -185,12 +185,12 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
 ) -> None:
     """A shell child found by the killed supervisor execs after the restart: the new one
     recognises the journaled worker (no second record of the child) and records the new
-    command line on it, once."""
+    command line on it, once; a child the shell starts after the restart is the shell's."""
     home, workspace = tmp_path / "home", tmp_path / "ws"
     workspace.mkdir()
     first = await _start_headless(home)
     conv = await first.ask("create_conversation", {"workspace": str(workspace)})
-    text = "!sleep 4; exec sleep 1"
+    text = "!sleep 4; sleep 0.6; exec sleep 1"
     sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
     blocked = await _until(first, sent["runId"], "blocked")
     await first.ask(
@@ -217,6 +217,10 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
     workers = (await call(app, "list_workers", {"runId": sent["runId"]}))["workers"]
     (shell,) = [w for w in workers if w["command"] == shell_command]
     assert [e["command"] for e in shell["execs"]] == [["sleep", "1"]]
+    # The shell's child started after the restart is the shell's, not the root's.
+    (later,) = [w for w in workers if w["command"] == ["sleep", "0.6"]]
+    assert later["parentWorkerId"] == shell["workerId"]
+    assert len(workers) == 4  # the root, the shell, its two sleeps: each recorded once
     await app.shutdown(drain=True)
     key = load_or_create_key(home, {})
     with Journal.open(home, key, readonly=True) as journal:
