@@ -6,9 +6,10 @@ journal events: a child first seen becomes a Worker (``worker.spawned``, with a 
 edge from its parent worker), a child seen exiting ends (``worker.exited``), and a worker
 seen running a new command line records it (``worker.executed``). Each carries a source
 identity built from the process's pid and creation time, so the graph refuses a repeat (a
-restarted supervisor's observer finds the same processes again). A new command line is
-matched to its worker among the ones this actor recorded, the root, or the run's journaled
-workers (a child a previous supervisor recorded), and so is an exit (of a child only).
+restarted supervisor's observer finds the same processes again). A process is matched to
+its worker among the run's journaled workers, whoever recorded them: a parent, an exit (of
+a child still live) and a new command line of a child a previous supervisor recorded are
+recorded against that worker.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from braid_actors import graph
-from braid_actors.model import Worker, WorkerExecuted, WorkerExited, WorkerSpawned, digest
+from braid_actors.model import (
+    TERMINAL_WORKER_STATES,
+    Worker,
+    WorkerExecuted,
+    WorkerExited,
+    WorkerSpawned,
+    digest,
+)
+from braid_actors.workers import same_start
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -25,19 +34,12 @@ if TYPE_CHECKING:
     from braid_actors.workers import ProcessKey, ProcessSnapshot, TreeSample
 
 
-def _key_of(pid: int, create_time: float) -> tuple[int, str]:
-    # Creation times compare as the source identities print them (two decimals).
-    return pid, f"{create_time:.2f}"
-
-
 class ChildWorkers:
     """The workers one run's samples found (see the module docstring)."""
 
     def __init__(self, sup: RunsSupervisor, run_id: str) -> None:
         self.sup = sup
         self.run_id = run_id
-        self._known: dict[tuple[int, str], Worker] = {}
-        """Child workers by process identity, once their spawn is journaled or recognised."""
 
     async def sampled(self, sample: TreeSample, root: Worker, at: datetime) -> None:
         """Journal what ``sample`` found that is new (root is the run's root worker)."""
@@ -46,16 +48,12 @@ class ChildWorkers:
             if snap.key.pid != root.pid:
                 await self._spawned(snap, sample, root, conv, at)
         for key in sample.exited:
-            child = self._known.pop(_key_of(key.pid, key.create_time), None)
-            if child is None:
-                # A child a previous supervisor recorded (this one's spawn was refused as
-                # a duplicate): its exit is recorded now, not when the run ends.
-                child = self._journaled(key)
-                if child is not None and (
-                    child.parent_worker_id is None or child.status != "running"
-                ):
-                    child = None
-            if child is not None:
+            child = self._journaled(key)
+            if (
+                child is not None
+                and child.parent_worker_id is not None
+                and child.status not in TERMINAL_WORKER_STATES
+            ):
                 await self.sup.record_quietly(
                     WorkerExited(
                         conv,
@@ -69,7 +67,16 @@ class ChildWorkers:
                     )
                 )
         for snap in sample.execs:
-            await self._executed(snap, root, conv, at)
+            worker = self._journaled(snap.key)
+            if worker is None:
+                continue  # a child the run never recorded (past the limits)
+            command = tuple(snap.argv or ())[:32]
+            source = (
+                f"proc:{snap.key.pid}:{snap.key.create_time:.2f}:exec:{digest(list(command))[7:23]}"
+            )
+            await self.sup.record_quietly(
+                WorkerExecuted(conv, self.run_id, worker.worker_id, command, source, at)
+            )
 
     async def _spawned(
         self, snap: ProcessSnapshot, sample: TreeSample, root: Worker, conv: str, at: datetime
@@ -77,12 +84,10 @@ class ChildWorkers:
         run = self.sup.state.runs[self.run_id]
         if not run.children_complete:
             return
-        parent = next((w for w in self._known.values() if w.pid == snap.ppid), None)
-        if parent is None:
-            # A parent a previous supervisor recorded: found by the identity this sample
-            # read for its pid (a child spawned after a restart is not the root's).
-            member = next((p for p in sample.processes if p.pid == snap.ppid), None)
-            parent = None if member is None else self._journaled(member.key)
+        # Its parent is the worker of the process this sample read for its parent's pid (a
+        # child's, whichever supervisor recorded it; else the root's).
+        member = next((p for p in sample.processes if p.pid == snap.ppid), None)
+        parent = None if member is None else self._journaled(member.key)
         if parent is None or parent.parent_worker_id is None:
             parent = root
         child = Worker(
@@ -105,35 +110,17 @@ class ChildWorkers:
             {"pid": snap.key.pid},
         )
         source = f"proc:{snap.key.pid}:{snap.key.create_time:.2f}:start"
-        key = _key_of(snap.key.pid, snap.key.create_time)
-        if await self.sup.record_quietly(WorkerSpawned(conv, self.run_id, child, edge, source, at)):
-            self._known[key] = child
-
-    async def _executed(self, snap: ProcessSnapshot, root: Worker, conv: str, at: datetime) -> None:
-        key = _key_of(snap.key.pid, snap.key.create_time)
-        worker = self._known.get(key)
-        if worker is None:
-            worker = root if key == _key_of(root.pid or 0, root.create_time or 0.0) else None
-        if worker is None:
-            worker = self._journaled(snap.key)
-        if worker is None:
-            return  # a child the run never recorded (past the limits)
-        command = tuple(snap.argv or ())[:32]
-        source = f"proc:{key[0]}:{key[1]}:exec:{digest(list(command))[7:23]}"
-        await self.sup.record_quietly(
-            WorkerExecuted(conv, self.run_id, worker.worker_id, command, source, at)
-        )
+        await self.sup.record_quietly(WorkerSpawned(conv, self.run_id, child, edge, source, at))
 
     def _journaled(self, key: ProcessKey) -> Worker | None:
-        """The run's journaled worker for the process ``key``, if any."""
+        """The run's journaled worker for the process ``key`` (the root included), if any."""
         state = self.sup.state
-        wanted = _key_of(key.pid, key.create_time)
         for worker_id in state.runs[self.run_id].worker_ids:
             worker = state.workers[worker_id]
             if (
-                worker.pid is not None
+                worker.pid == key.pid
                 and worker.create_time is not None
-                and _key_of(worker.pid, worker.create_time) == wanted
+                and same_start(worker.create_time, key.create_time)
             ):
                 return worker
         return None

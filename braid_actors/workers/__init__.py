@@ -27,7 +27,7 @@ if typing.TYPE_CHECKING:
         stop,
     )
     from braid_actors.workers._hub import ObservationHub, Watch
-    from braid_actors.workers._identity import ProcessKey
+    from braid_actors.workers._identity import ProcessKey, same_start
     from braid_actors.workers._launch import (
         LOCAL_WORKER_MODULE,
         control_path,
@@ -92,6 +92,7 @@ _SOURCES: dict[str, str] = {
     "ObservationHub": "braid_actors.workers._hub",
     "Watch": "braid_actors.workers._hub",
     "ProcessKey": "braid_actors.workers._identity",
+    "same_start": "braid_actors.workers._identity",
     "LOCAL_WORKER_MODULE": "braid_actors.workers._launch",
     "control_path": "braid_actors.workers._launch",
     "local_worker_command": "braid_actors.workers._launch",
@@ -197,6 +198,7 @@ __all__ = [
     "read_session",
     "recognise",
     "resume",
+    "same_start",
     "session_digest",
     "session_path",
     "spool_path",
