@@ -57,12 +57,15 @@ class Watch:
 
     def close(self) -> None:
         self.closed = True
+        if not self.busy:  # else once its sample is back (no thread may read its files)
+            self.observer.close()
 
     async def _deliver(self, sample: TreeSample | Exception) -> None:
         if isinstance(sample, Exception):
             # Sampling this tree failed: it fails its watcher (as its own observer task
             # would have), not the hub and every other watcher.
             self.closed = True
+            self.observer.close()
             raise sample
         try:
             if not self.closed:
@@ -71,6 +74,8 @@ class Watch:
             self.busy = False
             if sample.finished:
                 self.closed = True
+            if self.closed:
+                self.observer.close()
 
 
 @attrs.define(eq=False)
@@ -161,12 +166,13 @@ class ObservationHub:
                         self.repeated_samples += 1
                     if w.closed:
                         w.busy = False
+                        w.observer.close()
                         continue
                     try:
                         w.nursery.start_soon(w._deliver, sample)
                     except RuntimeError:  # its nursery is closed: the watcher has gone
                         w.busy = False
-                        w.closed = True
+                        w.close()
 
 
 def _sample_all(watches: list[Watch]) -> tuple[list[TreeSample | Exception], float]:

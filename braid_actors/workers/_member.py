@@ -94,6 +94,14 @@ class Member:
     reported: tuple[str, ...] | None = None
     """The command line its samples reported so far (null before its first; see
     ``TreeSample.execs``)."""
+    stat: _procstat.StatFile | None = None
+    """Its stat file, kept open between readings (see ``_procstat.StatFile``)."""
+
+    def release(self) -> None:
+        """Close what it keeps open (when it leaves its tree)."""
+        if self.stat is not None:
+            self.stat.close()
+            self.stat = None
 
 
 @attrs.frozen
@@ -155,8 +163,14 @@ def read_from_stat(member: Member, argv_limit: int) -> Reading | None:
     """:func:`read_member` from one stat line (see ``_procstat``); raises
     :class:`~braid_actors.workers._procstat.Unreadable` when psutil must read it."""
     key = member.key
-    data = _procstat.read_stat_bytes(key.pid)
+    stat = member.stat
+    if stat is None:
+        stat = member.stat = _procstat.StatFile.open(key.pid)
+        if stat is None:
+            return None
+    data = stat.read()
     if data is None:
+        member.release()
         return None
     last = member.line
     if last is not None and (
@@ -179,9 +193,11 @@ def read_from_stat(member: Member, argv_limit: int) -> Reading | None:
         except psutil.Error:
             raise _procstat.Unreadable("the boot time cannot be read") from None
         if not same_start(start, key.create_time):
+            member.release()
             return None
         member.start_tick = line.start_tick
     elif line.start_tick != member.start_tick:
+        member.release()
         return None  # the pid was reused: this member is gone
     zombie = line.zombie
     rss = None

@@ -155,6 +155,12 @@ class TreeObserver:
         only while no sample is being taken."""
         return [str(key.pid) for key in self._members]
 
+    def close(self) -> None:
+        """Close the files it keeps open for its members (a later sample opens them
+        again); call it only while no sample is being taken."""
+        for member in self._members.values():
+            member.release()
+
     def sample(self) -> TreeSample:
         """Read the tree once and report what changed since the previous sample."""
         self._samples += 1
@@ -175,6 +181,7 @@ class TreeObserver:
             reading = read_member(member, self.argv_limit)
             repeated = repeated and reading is not None and reading is before
             if reading is None:
+                member.release()
                 gone.append(member)
                 del self._members[key]
                 if not member.zombie:
@@ -268,6 +275,7 @@ class TreeObserver:
                     continue
                 reading = read_member(member, self.argv_limit)
                 if reading is None:
+                    member.release()
                     continue  # exited before it could be read: its parent's time holds it
                 known.add(pid)
                 member.zombie = reading.zombie
@@ -399,13 +407,16 @@ async def observe_tree(
         raise ValueError("interval must be positive")
     observer = TreeObserver.of(root, argv_limit=argv_limit, table=table)
     started = False
-    while True:
-        began = trio.current_time()
-        sample = await trio.to_thread.run_sync(observer.sample)
-        await on_sample(sample)
-        if not started:
-            started = True
-            task_status.started(sample)
-        if sample.finished:
-            return sample
-        await trio.sleep_until(began + interval)
+    try:
+        while True:
+            began = trio.current_time()
+            sample = await trio.to_thread.run_sync(observer.sample)
+            await on_sample(sample)
+            if not started:
+                started = True
+                task_status.started(sample)
+            if sample.finished:
+                return sample
+            await trio.sleep_until(began + interval)
+    finally:
+        observer.close()  # no sample is running: to_thread waits for its thread

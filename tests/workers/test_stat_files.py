@@ -1,0 +1,135 @@
+"""A member's stat file is opened once, read again at each sample, and closed when the
+member leaves its tree or its observer is closed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import trio
+
+from braid_actors.workers import ObservationHub, ProcessKey, TreeObserver, _procstat
+from tests.workers._procs import python, read_line
+from tests.workers.test_hub import SLEEPER, Seen
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _open_stat_files(pid: int) -> int:
+    """How many files this process has open on ``/proc/<pid>/stat``."""
+    target, count = f"/proc/{pid}/stat", 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                count += 1
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            continue
+    return count
+
+
+def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def _state(data: bytes | None) -> bytes:
+    assert data is not None
+    return data[data.rfind(b")") + 2 :].split()[0]
+
+
+def test_a_kept_stat_file_shows_the_process_as_it_is_now(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """Each read of the open file is a fresh line (stopped, continued, a zombie); once the
+    process is reaped a read says it is gone, and closing is idempotent."""
+    child = subprocess.Popen(["sleep", "30"])
+    children.append(child)
+    stat = _procstat.StatFile.open(child.pid)
+    assert stat is not None
+    assert _state(stat.read()) in (b"S", b"R")
+    os.kill(child.pid, signal.SIGSTOP)
+    _until(lambda: _state(stat.read()) == b"T")
+    os.kill(child.pid, signal.SIGCONT)
+    _until(lambda: _state(stat.read()) != b"T")
+    child.kill()
+    _until(lambda: _state(stat.read()) == b"Z")
+    child.wait()
+    assert stat.read() is None  # reaped: ESRCH, whatever the pid names by now
+    stat.close()
+    stat.close()
+    assert stat.read() is None
+    assert _open_stat_files(child.pid) == 0
+    assert _procstat.StatFile.open(child.pid) is None  # no such process
+
+
+def test_kept_files_are_read_holding_the_interpreter() -> None:
+    """Like the other counters reads, the kept file's calls keep the interpreter."""
+    held = _procstat._FILES
+    assert isinstance(held, _procstat._HeldReader)
+    for function in (held._open, held._pread, held._close):
+        assert function._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+
+
+def test_an_observer_keeps_one_file_a_member_and_closes_each(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """A tree of a root and a child: one open stat file each after a sample, the same
+    ones at later samples; the child's is closed when it exits, the rest by ``close``."""
+    root = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen(['sleep', '30'])\n"
+            "print(child.pid, flush=True)\n"
+            "sys.stdin.readline()\n"
+            "child.kill(); child.wait()\n"
+            "time.sleep(30)\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    children.append(root)
+    assert root.stdout is not None and root.stdin is not None
+    child_pid = int(root.stdout.readline())
+    observer = TreeObserver.of(ProcessKey(root.pid, psutil.Process(root.pid).create_time()))
+    _until(lambda: len(observer.sample().processes) == 2)
+    for _ in range(3):
+        observer.sample()
+    assert _open_stat_files(root.pid) == 1
+    assert _open_stat_files(child_pid) == 1
+    root.stdin.write(b"\n")
+    root.stdin.flush()
+    _until(lambda: child_pid in {k.pid for k in observer.sample().exited})
+    assert _open_stat_files(child_pid) == 0
+    assert _open_stat_files(root.pid) == 1
+    observer.close()
+    assert _open_stat_files(root.pid) == 0
+    # A later sample opens it again.
+    assert observer.sample().root_alive
+    assert _open_stat_files(root.pid) == 1
+    observer.close()
+
+
+async def test_a_closed_watch_closes_its_files() -> None:
+    hub = ObservationHub(0.1)
+    seen = Seen()
+    async with python(SLEEPER) as worker, trio.open_nursery() as n:
+        assert await read_line(worker) == "ready"
+        await n.start(hub.run)
+        watch = hub.watch(worker.info.key, seen, n)
+        await seen.until(lambda samples: len(samples) >= 2)
+        assert _open_stat_files(worker.info.pid) == 1
+        watch.close()
+        await trio.sleep(0.3)  # a sample already being taken is delivered first
+        assert _open_stat_files(worker.info.pid) == 0
+        n.cancel_scope.cancel()
