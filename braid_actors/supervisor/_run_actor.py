@@ -436,21 +436,34 @@ class RunActor:
         key = ProcessKey(worker.pid, worker.create_time)
         # The supervisor's one observer samples it; the samples are handled in this run's
         # nursery, so they end with the run.
-        self._watches.append(self.sup.hub.watch(key, self._sampled, self._nursery))
+        self._watches.append(
+            self.sup.hub.watch(key, self._sampled, self._nursery, on_repeat=self._repeated)
+        )
 
     async def _sampled(self, sample: TreeSample) -> None:
         sink = self.sink
         if sink is None or sink.closed or sink.root_worker is None:
             return
-        self._spend = spend = WorkerSpend(
-            cpu_seconds=sample.cpu_seconds,
-            rss_bytes=sample.peak_rss_bytes,
-            wall_seconds=sample.wall_seconds,
-        )
+        self._spend = spend = _spend_of(sample)
         await self.children.sampled(sample, sink.root_worker, self.sup.clock())
         if self._spend_log.due(spend):
             await self._journal_spend(self.sup.record)
         self._check(self._measured())
+
+    def _repeated(self, sample: TreeSample) -> bool:
+        """:meth:`_sampled` of a sample that repeats the previous one, done at once unless
+        its figures are due in the journal (False: the sample goes to :meth:`_sampled`)."""
+        sink = self.sink
+        if sink is None or sink.closed or sink.root_worker is None:
+            return True
+        if sample.new or sample.exited or sample.execs:
+            return False  # (a repeated sample finds nothing new; what does, is journaled)
+        spend = _spend_of(sample)
+        if self._spend_log.due(spend):
+            return False
+        self._spend = spend
+        self._check(self._measured())
+        return True
 
     async def _journal_spend(self, record: Callable[[Event], Awaitable[object]]) -> None:
         """Journal the last sample's figures as the root worker's ``worker.observed``."""
@@ -545,3 +558,12 @@ def find_local_workers_for(provider: Provider, run_id: str) -> list[ProcessInfo]
     if spools is None:
         return []
     return find_local_workers(spools).get(run_id, [])
+
+
+def _spend_of(sample: TreeSample) -> WorkerSpend:
+    """A run's worker figures from its tree's sample."""
+    return WorkerSpend(
+        cpu_seconds=sample.cpu_seconds,
+        rss_bytes=sample.peak_rss_bytes,
+        wall_seconds=sample.wall_seconds,
+    )

@@ -20,6 +20,7 @@ from braid_actors import graph
 from braid_actors.app import BraidApp, call, open_app
 from braid_actors.errors import BraidError
 from braid_actors.journal import Journal, load_or_create_key
+from braid_actors.supervisor import _spend_log
 from braid_actors.supervisor._planning import portable_context
 
 
@@ -239,6 +240,32 @@ async def test_unchanged_samples_are_not_journaled_but_the_last_one_is(
     assert after is not None and after.wall_seconds is not None
     assert after.wall_seconds >= before.wall_seconds + 1.4
     assert after.cpu_seconds == before.cpu_seconds
+
+
+async def test_a_quiet_worker_is_journaled_once_per_heartbeat(
+    braid: tuple[BraidApp, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sleeping worker's samples repeat one another and are taken at once, without a
+    task each (the hub's ``on_repeat``), yet its figures are still journaled once per
+    heartbeat (here 0.3 s instead of 10)."""
+    monkeypatch.setattr(_spend_log, "OBSERVED_HEARTBEAT", 0.3)
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
+    run_id = sent["runId"]
+    worker_id = await _root_worker(app, run_id)
+    with trio.fail_after(30):
+        while app.state.workers[worker_id].spend is None:
+            await app.changed()
+    await trio.sleep(0.5)
+    repeated = app.runs.hub.repeated_samples
+    first = _run_record_types(app, run_id).count("worker.observed")
+    await trio.sleep(1.6)
+    assert app.runs.hub.repeated_samples >= repeated + 8  # 16 samples, nearly all repeats
+    # About five heartbeats in 1.6 s (and the CPU the worker used, if any).
+    assert _run_record_types(app, run_id).count("worker.observed") >= first + 3
+    await call(app, "cancel_worker", {"workerId": worker_id, "force": True})
+    await call(app, "wait_run", {"runId": run_id, "timeoutS": 30})
 
 
 LIMITS = [

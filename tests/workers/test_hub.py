@@ -129,6 +129,61 @@ async def test_a_closed_watch_gets_nothing_more() -> None:
     assert hub.watching == 0
 
 
+async def test_a_repeated_sample_is_offered_to_on_repeat_first() -> None:
+    """``on_repeat`` takes a repeated sample at once (True: ``on_sample`` never sees it) or
+    hands it on (False); a first sample, which repeats nothing, goes to ``on_sample``."""
+    hub = ObservationHub(0.1)
+    taking, passing = Seen(), Seen()
+    offered: dict[str, list[TreeSample]] = {"taking": [], "passing": []}
+
+    def offer(name: str, taken: bool) -> Callable[[TreeSample], bool]:
+        def on_repeat(sample: TreeSample) -> bool:
+            offered[name].append(sample)
+            return taken
+
+        return on_repeat
+
+    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
+        assert await read_line(one) == "ready"
+        assert await read_line(two) == "ready"
+        await n.start(hub.run)
+        hub.watch(one.info.key, taking, n, on_repeat=offer("taking", True))
+        hub.watch(two.info.key, passing, n, on_repeat=offer("passing", False))
+        await trio.sleep(1.0)
+        n.cancel_scope.cancel()
+    assert len(offered["taking"]) >= 5
+    assert all(s.repeated for s in offered["taking"] + offered["passing"])
+    assert taking.samples and not any(s.repeated for s in taking.samples)
+    assert not taking.samples[0].repeated
+    # Handed on: on_sample got every sample, the repeated ones after they were offered.
+    assert [s for s in passing.samples if s.repeated] == offered["passing"]
+    assert len(offered["passing"]) >= 5
+
+
+async def test_what_on_repeat_raises_fails_its_watcher_only() -> None:
+    hub = ObservationHub(0.1)
+    seen, quick = Seen(), Seen()
+
+    def on_repeat(sample: TreeSample) -> bool:
+        raise RuntimeError("boom")
+
+    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
+        assert await read_line(one) == "ready"
+        assert await read_line(two) == "ready"
+        await n.start(hub.run)
+        hub.watch(two.info.key, quick, n)
+        with pytest.raises(ExceptionGroup) as failed:  # noqa: PT012
+            async with trio.open_nursery() as watcher:
+                watch = hub.watch(one.info.key, seen, watcher, on_repeat=on_repeat)
+                await trio.sleep(5)
+        assert failed.group_contains(RuntimeError, match="boom")
+        assert watch.closed
+        count = len(quick.samples)
+        await quick.until(lambda samples: len(samples) >= count + 3)  # the hub goes on
+        n.cancel_scope.cancel()
+    assert len(seen.samples) == 1  # its first sample; the next one repeated it
+
+
 def test_an_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         ObservationHub(0.0)
