@@ -24,7 +24,6 @@ never leaves half a request in the write model.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -89,15 +88,19 @@ def event_to_record(event: Event) -> NewRecord:
             at=format_time(event.at),
             cursor=event.cursor,
         )
+        plain = True  # strings and an int: floatless(event) says so, at a cost per event
     else:
         data = _EventData(converter().unstructure(event))
         del data["type"]
+        plain = floatless(event)
     data.event = event
     data.folded = None
     data.plaintext = None
-    if floatless(event):
-        with contextlib.suppress(orjson.JSONEncodeError):  # beyond 64-bit ints, surrogates
+    if plain:
+        try:  # noqa: SIM105 - contextlib.suppress is three more calls per event
             data.plaintext = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # beyond 64-bit ints, lone surrogates
+            pass
     return NewRecord(stream=event.stream, type=event.type, data=data)
 
 
@@ -170,6 +173,10 @@ class GraphAdmission:
     # ---- the journal actor's Admission protocol ----------------------------------------
 
     def admit(self, records: Sequence[NewRecord]) -> None:
+        if len(records) == 1 and records[0].type in EVENT_TYPES:
+            # an event's append (the hot path)
+            self._staged_seq = self._admit_event(records[0], self._staged_seq + 1)
+            return
         graph_records = [r for r in records if is_graph_record(r.type)]
         unknown = [
             r.type
@@ -181,16 +188,21 @@ class GraphAdmission:
         if len(graph_records) > 1:
             raise BadRequest("an append carries at most one graph event")
         seq = self._staged_seq
-        write = self._write
         for record in records:
             seq += 1
             if is_graph_record(record.type):
-                data = record.data
-                event = _event_of(record.type, data)
-                graph.apply(write, event, seq)
-                if type(event) is RunPartUpdated and type(data) is _EventData:
-                    data.folded = (seq, write.messages[event.message_id], write.runs[event.run_id])
+                self._admit_event(record, seq)
         self._staged_seq = seq
+
+    def _admit_event(self, record: NewRecord, seq: int) -> int:
+        """Fold the graph event ``record`` into the write model as record ``seq``; returns
+        ``seq`` (a refused event raises, and the staged sequence stays as it was)."""
+        write, data = self._write, record.data
+        event = _event_of(record.type, data)
+        graph.apply(write, event, seq)
+        if type(event) is RunPartUpdated and type(data) is _EventData:
+            data.folded = (seq, write.messages[event.message_id], write.runs[event.run_id])
+        return seq
 
     def committed(self, records: Sequence[CommittedRecord]) -> None:
         read = self.read

@@ -109,6 +109,10 @@ class Staged:
     has_operations: bool = False
 
 
+_FRAMED_STREAMS = 4096
+"""Most (stream, type) pairs whose framing the writer keeps (a few per active run)."""
+
+
 class Journal:
     """The encrypted, hash-chained event store; open it with :meth:`Journal.open`."""
 
@@ -132,6 +136,8 @@ class Journal:
         self._ckpt_conn: sqlite3.Connection | None = None
         self._ckpt_lock = threading.Lock()
         self._closed = False
+        self._framed: dict[tuple[str, str], bytes] = {}
+        """``frame(stream, type)`` of the streams written lately (see stage_prepared)."""
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -269,7 +275,13 @@ class Journal:
         event_rows: list[tuple[Any, ...]] = []
         op_rows: list[tuple[Any, ...]] = []
         out: list[list[CommittedRecord]] = []
-        tails: dict[tuple[str, str], bytes] = {}  # frame(stream, type, stamp), once per batch
+        # frame(stream, type, stamp) is frame(stream, type) + frame(stamp): the first part
+        # is kept from batch to batch (under load each event of a batch is of another
+        # run's stream), the second is the batch's own.
+        framed = self._framed
+        if len(framed) > _FRAMED_STREAMS:
+            framed.clear()
+        stamped = frame(stamp)
         # one getrandom call for the batch's nonces instead of one per event
         nonces = os.urandom(NONCE_SIZE * sum(len(req.records) for req in batch))
         at = 0
@@ -278,9 +290,10 @@ class Journal:
             for rec, plaintext in zip(req.records, req.plaintexts, strict=True):
                 seq += 1
                 stream, type_ = rec.stream, rec.type
-                tail = tails.get((stream, type_))
-                if tail is None:
-                    tail = tails[stream, type_] = frame(stream, type_, stamp)
+                head = framed.get((stream, type_))
+                if head is None:
+                    head = framed[stream, type_] = frame(stream, type_)
+                tail = head + stamped
                 nonce = nonces[at : at + NONCE_SIZE]
                 at += NONCE_SIZE
                 ct = encrypt(nonce, plaintext, event_ad_framed(seq, tail))
