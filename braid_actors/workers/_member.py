@@ -86,6 +86,9 @@ class Member:
     """Its start tick once a stat line was read for it (its identity from then on)."""
     comm: bytes | None = None
     """Its executable's name when ``argv`` was read from ``/proc`` (an exec changes both)."""
+    args_at: tuple[int, int] | None = None
+    """Where its command line lay in its memory when ``argv`` was read (``StatLine.args_at``:
+    an exec lays it out anew, also when it keeps the executable's name)."""
     line: bytes | None = None
     """Its last stat line, when ``reading`` holds what was read with a line of the same
     identity (``_procstat.stat_identity``)."""
@@ -203,18 +206,21 @@ def read_from_stat(member: Member, argv_limit: int) -> Reading | None:
     rss = None
     if not zombie:
         rss = _procstat.read_rss(key.pid)
-        # The command line changes with an exec, and an exec names the executable anew:
-        # read it again only then (or while it could not be read). Read every sample, it
-        # was a third of the reads of a tick of 500 idle runs, for a figure nothing uses
-        # after a member is found. A process that rewrites its own title in place is
-        # seen by its first reading only. An empty line is read again: the kernel names
-        # the new executable before it lays out the new arguments, so a reading in the
-        # middle of an exec finds the new name and no arguments yet.
-        if member.comm is None or line.comm != member.comm:
+        # The command line changes with an exec, and an exec names the executable anew
+        # and lays the arguments out anew in the new memory (their addresses are in the
+        # line, the same name or not): read it again only then (or while it could not be
+        # read). Read every sample, it was a third of the reads of a tick of 500 idle
+        # runs, for a figure nothing uses after a member is found. A process that
+        # rewrites its own title in place is seen by its first reading only. An empty
+        # line is read again: the kernel names the new executable before it lays out the
+        # new arguments, so a reading in the middle of an exec finds the new name and no
+        # arguments yet.
+        if member.comm is None or line.comm != member.comm or line.args_at != member.args_at:
             argv = _procstat.read_argv(key.pid)
             if argv is not None:
                 member.argv, member.argv_truncated = _bounded(argv, argv_limit)
                 member.comm = line.comm if argv else None
+                member.args_at = line.args_at
     cpu, reaped = _cpu_split(line)  # the same fields psutil's cpu_times names
     snapshot = ProcessSnapshot(
         key=key,

@@ -68,6 +68,9 @@ class StatLine:
     children_user: float
     children_system: float
     start_tick: int
+    args_at: tuple[int, int] | None = None
+    """Where the command line lies in the process's memory (``arg_start``, ``arg_end``):
+    each exec lays it out anew; null when the kernel shows no addresses to this reader."""
 
     @property
     def zombie(self) -> bool:
@@ -303,9 +306,21 @@ def parse_stat(pid: int, data: bytes) -> StatLine:
             children_user=float(fields[13]) / TICKS,
             children_system=float(fields[14]) / TICKS,
             start_tick=int(fields[19]),
+            args_at=_args_at(fields),
         )
     except (IndexError, ValueError):
         raise Unreadable(f"/proc/{pid}/stat is not a stat line this module reads") from None
+
+
+_ARG_START: Final = 45
+"""Index of ``arg_start`` (the 48th field) after the executable's name; ``arg_end`` follows."""
+
+
+def _args_at(fields: list[bytes]) -> tuple[int, int] | None:
+    if len(fields) <= _ARG_START + 1:
+        return None  # a kernel older than 3.5
+    start, end = int(fields[_ARG_START]), int(fields[_ARG_START + 1])
+    return (start, end) if start or end else None  # zeros: hidden from this reader
 
 
 def read_rss(pid: int) -> int | None:

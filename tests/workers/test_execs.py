@@ -108,3 +108,41 @@ def test_a_root_that_execs_is_reported_with_its_new_command(
     assert executed.argv == ("sleep", "30")
     assert not any(s.execs for s in seen[:-1])
     assert not observer.sample().execs
+
+
+# A Python process that runs the same executable again with other arguments: its name (the
+# stat line's ``comm``) stays the same across the exec.
+_SAME_NAME_EXEC = (
+    "import os, sys\n"
+    "sys.stdin.readline()\n"
+    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', 'again'])\n"
+)
+
+
+def test_an_exec_that_keeps_the_executables_name_is_reported(
+    children: list[subprocess.Popen[bytes]],
+) -> None:
+    """The exec lays the arguments out anew (``arg_start``/``arg_end`` in the stat line), so
+    the new command line is read although the executable's name did not change."""
+    root = subprocess.Popen(
+        [sys.executable, "-c", _SAME_NAME_EXEC], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    children.append(root)
+    assert root.stdin is not None
+    deadline = time.monotonic() + 10
+    while psutil.Process(root.pid).cmdline() != [sys.executable, "-c", _SAME_NAME_EXEC]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    name = psutil.Process(root.pid).name()
+    observer = TreeObserver.of(_key(root.pid))
+    first = observer.sample()
+    assert first.execs == ()
+    root.stdin.write(b"go\n")
+    root.stdin.flush()
+    seen: list[TreeSample] = []
+    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
+    (executed,) = exec_sample.execs
+    assert executed.key == first.root
+    assert executed.argv == (sys.executable, "-c", "import time; time.sleep(30)", "again")
+    assert psutil.Process(root.pid).name() == name  # the same name before and after
+    assert not observer.sample().execs
