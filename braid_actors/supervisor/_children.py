@@ -25,13 +25,13 @@ from braid_actors.model import (
     WorkerSpawned,
     digest,
 )
-from braid_actors.workers import same_start
+from braid_actors.workers import ProcessKey, presence, same_start
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from braid_actors.supervisor._runs import RunsSupervisor
-    from braid_actors.workers import ProcessKey, ProcessSnapshot, TreeSample
+    from braid_actors.workers import ProcessSnapshot, TreeSample
 
 
 class ChildWorkers:
@@ -54,18 +54,11 @@ class ChildWorkers:
                 and child.parent_worker_id is not None
                 and child.status not in TERMINAL_WORKER_STATES
             ):
-                await self.sup.record_quietly(
-                    WorkerExited(
-                        conv,
-                        self.run_id,
-                        child.worker_id,
-                        "exited",
-                        None,
-                        None,
-                        f"proc:{key.pid}:{key.create_time:.2f}:exit",
-                        at,
-                    )
-                )
+                await self._exited(child, key.pid, key.create_time, conv, at)
+        if sample.number == 1:
+            for child in self._gone_unseen(sample):
+                assert child.pid is not None and child.create_time is not None
+                await self._exited(child, child.pid, child.create_time, conv, at)
         for snap in sample.execs:
             worker = self._journaled(snap.key)
             if worker is None:
@@ -111,6 +104,46 @@ class ChildWorkers:
         )
         source = f"proc:{snap.key.pid}:{snap.key.create_time:.2f}:start"
         await self.sup.record_quietly(WorkerSpawned(conv, self.run_id, child, edge, source, at))
+
+    async def _exited(
+        self, child: Worker, pid: int, create_time: float, conv: str, at: datetime
+    ) -> None:
+        await self.sup.record_quietly(
+            WorkerExited(
+                conv,
+                self.run_id,
+                child.worker_id,
+                "exited",
+                None,
+                None,
+                f"proc:{pid}:{create_time:.2f}:exit",
+                at,
+            )
+        )
+
+    def _gone_unseen(self, sample: TreeSample) -> list[Worker]:
+        """The run's live journaled children that this supervisor's first sample of the run
+        does not find and whose process has exited: they ended while no sample looked (a
+        previous supervisor recorded them and went down). A child missing from the tree
+        whose process still runs (it left the tree) is not ended."""
+        state = self.sup.state
+        gone: list[Worker] = []
+        for worker_id in state.runs[self.run_id].worker_ids:
+            worker = state.workers[worker_id]
+            pid, created = worker.pid, worker.create_time
+            if (
+                worker.parent_worker_id is None
+                or worker.status in TERMINAL_WORKER_STATES
+                or pid is None
+                or created is None
+            ):
+                continue
+            seen = [p.key for p in sample.processes] + list(sample.exited)
+            if any(k.pid == pid and same_start(k.create_time, created) for k in seen):
+                continue  # in the tree: its samples tell
+            if presence(ProcessKey(pid, created)) != "running":  # gone, or a zombie: exited
+                gone.append(worker)
+        return gone
 
     def _journaled(self, key: ProcessKey) -> Worker | None:
         """The run's journaled worker for the process ``key`` (the root included), if any."""

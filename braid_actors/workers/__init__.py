@@ -27,7 +27,7 @@ if typing.TYPE_CHECKING:
         stop,
     )
     from braid_actors.workers._hub import ObservationHub, Watch
-    from braid_actors.workers._identity import ProcessKey, same_start
+    from braid_actors.workers._identity import ProcessKey, presence, same_start
     from braid_actors.workers._launch import (
         LOCAL_WORKER_MODULE,
         control_path,
@@ -93,6 +93,7 @@ _SOURCES: dict[str, str] = {
     "Watch": "braid_actors.workers._hub",
     "ProcessKey": "braid_actors.workers._identity",
     "same_start": "braid_actors.workers._identity",
+    "presence": "braid_actors.workers._identity",
     "LOCAL_WORKER_MODULE": "braid_actors.workers._launch",
     "control_path": "braid_actors.workers._launch",
     "local_worker_command": "braid_actors.workers._launch",
@@ -193,6 +194,7 @@ __all__ = [
     "open_worker",
     "pause",
     "pipe_hub_supported",
+    "presence",
     "process_gone",
     "read_parent_ids",
     "read_session",

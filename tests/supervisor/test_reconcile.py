@@ -239,3 +239,67 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
     assert dict(ends)[sleep["workerId"]].endswith(":exit"), ends
     report = verify_home(home, {"BRAID_HOME": str(home)})
     assert report.ok, report.render()
+
+
+async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconciliation(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """A child the killed supervisor recorded exits before the new one starts: the new
+    one's first sample of the run does not find it and its process is gone, so it is
+    recorded as exited then (":exit"), while the run goes on, not at the run's end."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first = await _start_headless(home)
+    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
+    text = "!sleep 1; sleep 6"
+    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
+    blocked = await _until(first, sent["runId"], "blocked")
+    await first.ask(
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    with trio.fail_after(10):
+        while True:
+            listed = await first.ask("list_workers", {"runId": sent["runId"]})
+            short = [w for w in listed["workers"] if w["command"] == ["sleep", "1"]]
+            if short:
+                break  # journaled before the kill
+            await trio.sleep(0.05)
+    (child,) = short
+    first.proc.kill()
+    await first.proc.wait()
+    for _ in range(200):  # it ends while no supervisor runs
+        if _gone(child["pid"]):
+            break
+        await trio.sleep(0.05)
+    else:
+        raise AssertionError("the short child never ended")
+    app: BraidApp = await restarted(home)
+    with trio.fail_after(10):
+        while app.state.workers[child["workerId"]].status != "exited":
+            await app.changed()
+    assert app.run(sent["runId"]).state == "running"  # ended at reconciliation, mid-run
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    await app.shutdown(drain=True)
+    key = load_or_create_key(home, {})
+    with Journal.open(home, key, readonly=True) as journal:
+        ends = [
+            r.data["source_event_id"]
+            for r in journal.read()
+            if r.type == "worker.exited" and r.data["worker_id"] == child["workerId"]
+        ]
+    assert len(ends) == 1 and ends[0].endswith(":exit"), ends
+    report = verify_home(home, {"BRAID_HOME": str(home)})
+    assert report.ok, report.render()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
