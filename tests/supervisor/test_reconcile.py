@@ -93,6 +93,24 @@ async def restarted(tmp_path: Path) -> AsyncIterator[Any]:
         nursery.cancel_scope.cancel()
 
 
+async def _shell_turn(home: Path, workspace: Path, text: str) -> tuple[Headless, dict[str, Any]]:
+    """A `braid headless` on ``home`` running a turn whose shell command ``text`` (``!...``)
+    was allowed; the client and the turn's submission."""
+    client = await _start_headless(home)
+    conv = await client.ask("create_conversation", {"workspace": str(workspace)})
+    sent = await client.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
+    blocked = await _until(client, sent["runId"], "blocked")
+    await client.ask(
+        "respond_interaction",
+        {
+            "runId": sent["runId"],
+            "interactionId": blocked["interactions"][0]["interactionId"],
+            "answer": {"allow": True},
+        },
+    )
+    return client, sent
+
+
 def _spool_dir(home: Path) -> Path:
     return home / "runners" / "local" / "spool"
 
@@ -188,19 +206,8 @@ async def test_a_child_exec_after_a_restart_is_recorded_on_its_journaled_worker(
     command line on it, once; a child the shell starts after the restart is the shell's."""
     home, workspace = tmp_path / "home", tmp_path / "ws"
     workspace.mkdir()
-    first = await _start_headless(home)
-    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
     text = "!sleep 4; sleep 0.6; exec sleep 1"
-    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
-    blocked = await _until(first, sent["runId"], "blocked")
-    await first.ask(
-        "respond_interaction",
-        {
-            "runId": sent["runId"],
-            "interactionId": blocked["interactions"][0]["interactionId"],
-            "answer": {"allow": True},
-        },
-    )
+    first, sent = await _shell_turn(home, workspace, text)
     shell_command = ["sh", "-c", text[1:]]
     with trio.fail_after(10):
         while True:
@@ -249,19 +256,7 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     recorded as exited then (":exit"), while the run goes on, not at the run's end."""
     home, workspace = tmp_path / "home", tmp_path / "ws"
     workspace.mkdir()
-    first = await _start_headless(home)
-    conv = await first.ask("create_conversation", {"workspace": str(workspace)})
-    text = "!sleep 1; sleep 6"
-    sent = await first.ask("submit_turn", {"branchId": conv["branchId"], "text": text})
-    blocked = await _until(first, sent["runId"], "blocked")
-    await first.ask(
-        "respond_interaction",
-        {
-            "runId": sent["runId"],
-            "interactionId": blocked["interactions"][0]["interactionId"],
-            "answer": {"allow": True},
-        },
-    )
+    first, sent = await _shell_turn(home, workspace, "!sleep 1; sleep 6")
     with trio.fail_after(10):
         while True:
             listed = await first.ask("list_workers", {"runId": sent["runId"]})

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
-from braid_actors.workers import ProcessKey, TreeObserver, TreeSample
+from braid_actors.workers import ProcessKey, ProcessSnapshot, TreeObserver, TreeSample
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,6 +82,24 @@ def test_a_child_found_before_its_exec_is_reported_once_it_runs_its_own_command(
     assert root_argv is not None and root_argv[0] == sys.executable
 
 
+def _exec_of_root(root: subprocess.Popen[bytes]) -> tuple[TreeSample, ProcessSnapshot]:
+    """Observe ``root``, let it exec (a line on its input) and sample until the exec is
+    reported: the first sample and the one reported exec, which no other sample repeats."""
+    assert root.stdin is not None
+    observer = TreeObserver.of(_key(root.pid))
+    first = observer.sample()
+    assert first.execs == ()  # a first reading is no change
+    root.stdin.write(b"go\n")
+    root.stdin.flush()
+    seen: list[TreeSample] = []
+    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
+    (executed,) = exec_sample.execs
+    assert executed.key == first.root
+    assert not any(s.execs for s in seen[:-1])
+    assert not observer.sample().execs  # reported once
+    return first, executed
+
+
 def test_a_root_that_execs_is_reported_with_its_new_command(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
@@ -95,19 +113,9 @@ def test_a_root_that_execs_is_reported_with_its_new_command(
     while psutil.Process(root.pid).cmdline() != command:  # (not caught mid-exec of sh)
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    observer = TreeObserver.of(_key(root.pid))
-    first = observer.sample()
-    assert first.execs == ()  # a first reading is no change
+    first, executed = _exec_of_root(root)
     assert first.processes[0].argv == ("sh", "-c", "read line; exec sleep 30")
-    root.stdin.write(b"go\n")
-    root.stdin.flush()
-    seen: list[TreeSample] = []
-    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
-    (executed,) = exec_sample.execs
-    assert executed.key == first.root
     assert executed.argv == ("sleep", "30")
-    assert not any(s.execs for s in seen[:-1])
-    assert not observer.sample().execs
 
 
 # A Python process that runs the same executable again with other arguments: its name (the
@@ -134,15 +142,6 @@ def test_an_exec_that_keeps_the_executables_name_is_reported(
         assert time.monotonic() < deadline
         time.sleep(0.01)
     name = psutil.Process(root.pid).name()
-    observer = TreeObserver.of(_key(root.pid))
-    first = observer.sample()
-    assert first.execs == ()
-    root.stdin.write(b"go\n")
-    root.stdin.flush()
-    seen: list[TreeSample] = []
-    exec_sample = _sample_until(observer, lambda s: bool(s.execs), seen)
-    (executed,) = exec_sample.execs
-    assert executed.key == first.root
+    _, executed = _exec_of_root(root)
     assert executed.argv == (sys.executable, "-c", "import time; time.sleep(30)", "again")
     assert psutil.Process(root.pid).name() == name  # the same name before and after
-    assert not observer.sample().execs
