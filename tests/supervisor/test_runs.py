@@ -212,20 +212,26 @@ async def test_workers_and_children_are_observed(braid: tuple[BraidApp, Path]) -
     assert "local-worker[" in log.read_text()
 
 
+async def _sleeping_worker(braid: tuple[BraidApp, Path]) -> tuple[str, str]:
+    """A run whose worker sleeps 20 s, once its first figures are journaled: (run, worker)."""
+    app, workspace = braid
+    branch = await _conversation(app, workspace)
+    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
+    worker_id = await _root_worker(app, sent["runId"])
+    with trio.fail_after(30):
+        while app.state.workers[worker_id].spend is None:
+            await app.changed()
+    return sent["runId"], worker_id
+
+
 async def test_unchanged_samples_are_not_journaled_but_the_last_one_is(
     braid: tuple[BraidApp, Path],
 ) -> None:
     """A worker is sampled every 0.1 s here, but a sample is journaled only when its CPU
     time or peak RSS moved (or 10 s passed): a paused worker's samples are not, and the
     figures it ended with (its wall time while paused) are journaled when it ends."""
-    app, workspace = braid
-    branch = await _conversation(app, workspace)
-    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
-    run_id = sent["runId"]
-    worker_id = await _root_worker(app, run_id)
-    with trio.fail_after(30):
-        while app.state.workers[worker_id].spend is None:
-            await app.changed()
+    app, _ = braid
+    run_id, worker_id = await _sleeping_worker(braid)
     await call(app, "steer_worker", {"workerId": worker_id, "action": "pause"})
     await trio.sleep(0.3)  # (a sample may still see the CPU time it used before it stopped)
     paused_at = _run_record_types(app, run_id).count("worker.observed")
@@ -249,14 +255,8 @@ async def test_a_quiet_worker_is_journaled_once_per_heartbeat(
     task each (the hub's ``on_repeat``), yet its figures are still journaled once per
     heartbeat (here 0.3 s instead of 10)."""
     monkeypatch.setattr(_spend_log, "OBSERVED_HEARTBEAT", 0.3)
-    app, workspace = braid
-    branch = await _conversation(app, workspace)
-    sent = await call(app, "submit_turn", {"branchId": branch, "text": "?sleep 20"})
-    run_id = sent["runId"]
-    worker_id = await _root_worker(app, run_id)
-    with trio.fail_after(30):
-        while app.state.workers[worker_id].spend is None:
-            await app.changed()
+    app, _ = braid
+    run_id, worker_id = await _sleeping_worker(braid)
     await trio.sleep(0.5)
     repeated = app.runs.hub.repeated_samples
     first = _run_record_types(app, run_id).count("worker.observed")

@@ -1,5 +1,5 @@
 """A member's stat file is opened once, read again at each sample, and closed when the
-member leaves its tree or its observer is closed."""
+member leaves its tree or its observer is closed (a closed watch's: tests/workers/test_hub.py)."""
 
 from __future__ import annotations
 
@@ -12,26 +12,12 @@ import time
 from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
-import trio
 
-from braid_actors.workers import ObservationHub, ProcessKey, TreeObserver, _procstat
-from tests.workers._procs import python, read_line
-from tests.workers.test_hub import SLEEPER, Seen
+from braid_actors.workers import ProcessKey, TreeObserver, _procstat
+from tests.workers._procs import open_stat_files
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-
-def _open_stat_files(pid: int) -> int:
-    """How many files this process has open on ``/proc/<pid>/stat``."""
-    target, count = f"/proc/{pid}/stat", 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == target:
-                count += 1
-        except OSError:  # the listing's own descriptor, closed meanwhile
-            continue
-    return count
 
 
 def _until(check: Callable[[], bool]) -> None:
@@ -67,7 +53,7 @@ def test_a_kept_stat_file_shows_the_process_as_it_is_now(
     stat.close()
     stat.close()
     assert stat.read() is None
-    assert _open_stat_files(child.pid) == 0
+    assert open_stat_files(child.pid) == 0
     assert _procstat.StatFile.open(child.pid) is None  # no such process
 
 
@@ -105,31 +91,16 @@ def test_an_observer_keeps_one_file_a_member_and_closes_each(
     _until(lambda: len(observer.sample().processes) == 2)
     for _ in range(3):
         observer.sample()
-    assert _open_stat_files(root.pid) == 1
-    assert _open_stat_files(child_pid) == 1
+    assert open_stat_files(root.pid) == 1
+    assert open_stat_files(child_pid) == 1
     root.stdin.write(b"\n")
     root.stdin.flush()
     _until(lambda: child_pid in {k.pid for k in observer.sample().exited})
-    assert _open_stat_files(child_pid) == 0
-    assert _open_stat_files(root.pid) == 1
+    assert open_stat_files(child_pid) == 0
+    assert open_stat_files(root.pid) == 1
     observer.close()
-    assert _open_stat_files(root.pid) == 0
+    assert open_stat_files(root.pid) == 0
     # A later sample opens it again.
     assert observer.sample().root_alive
-    assert _open_stat_files(root.pid) == 1
+    assert open_stat_files(root.pid) == 1
     observer.close()
-
-
-async def test_a_closed_watch_closes_its_files() -> None:
-    hub = ObservationHub(0.1)
-    seen = Seen()
-    async with python(SLEEPER) as worker, trio.open_nursery() as n:
-        assert await read_line(worker) == "ready"
-        await n.start(hub.run)
-        watch = hub.watch(worker.info.key, seen, n)
-        await seen.until(lambda samples: len(samples) >= 2)
-        assert _open_stat_files(worker.info.pid) == 1
-        watch.close()
-        await trio.sleep(0.3)  # a sample already being taken is delivered first
-        assert _open_stat_files(worker.info.pid) == 0
-        n.cancel_scope.cancel()
