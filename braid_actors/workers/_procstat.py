@@ -20,6 +20,7 @@ checks against psutil's creation time once, when the member is first seen).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -257,7 +258,9 @@ class StatFile:
             _FILES.close_fd(fd)
 
     def __del__(self) -> None:
-        self.close()
+        # (at interpreter exit the module's globals may be gone: the OS closes it then)
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def read_stat_bytes(pid: int) -> bytes | None:
