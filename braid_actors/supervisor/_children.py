@@ -127,6 +127,7 @@ class ChildWorkers:
         previous supervisor recorded them and went down). A child missing from the tree
         whose process still runs (it left the tree) is not ended."""
         state = self.sup.state
+        seen = [p.key for p in sample.processes] + list(sample.exited)
         gone: list[Worker] = []
         for worker_id in state.runs[self.run_id].worker_ids:
             worker = state.workers[worker_id]
@@ -138,7 +139,6 @@ class ChildWorkers:
                 or created is None
             ):
                 continue
-            seen = [p.key for p in sample.processes] + list(sample.exited)
             if any(k.pid == pid and same_start(k.create_time, created) for k in seen):
                 continue  # in the tree: its samples tell
             if presence(ProcessKey(pid, created)) != "running":  # gone, or a zombie: exited
