@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import resource
 import sys
 import threading
 from typing import TYPE_CHECKING, Final
@@ -211,39 +212,57 @@ class StatFile:
 
     A read of the open file from its start makes the kernel write the line anew, and
     spares each reading the path lookup, the open and the close: a tick of 500 idle
-    one-process trees took 9.8-10.0 ms of CPU opening the file each time, 5.5-6.0 ms
-    reading kept ones. The open file stands for the process, not for its pid: once the
-    process is reaped, a read fails (``ESRCH``) even if the pid names another process by
-    then. Closed by :meth:`close`, or when the last reference to it goes; only its owner
-    reads it, one thread at a time.
+    one-process trees took 10.1-10.6 ms of CPU opening the file each time, 6.3-7.1 ms
+    reading kept ones (medians of 8 blocks). The open file stands for the process, not for
+    its pid: once the process is reaped, a read fails (``ESRCH``) even if the pid names
+    another process by then. Closed by :meth:`close`, or when the last reference to it
+    goes; only its owner reads it, one thread at a time.
+
+    At most half of this process's open-file limit is kept so (see :func:`_reserve`): past
+    that, a stat file is opened, read and closed at each reading, as before.
     """
 
-    __slots__ = ("_fd", "path")
+    __slots__ = ("_closed", "_fd", "path")
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str, fd: int | None) -> None:
         self.path = path
-        self._fd: int | None = fd
+        self._fd = fd
+        """The kept descriptor; ``None``: read by path each time."""
+        self._closed = False
 
     @classmethod
     def open(cls, pid: int) -> StatFile | None:
         """``pid``'s stat file, or ``None`` when there is no such process; raises
         :class:`Unreadable` when it cannot be opened."""
         path = f"/proc/{pid}/stat"
+        if not _reserve():
+            return cls(path, None)  # its first read says whether the process exists
         try:
-            return cls(path, _FILES.open_fd(path))
+            fd = _FILES.open_fd(path)
         except (FileNotFoundError, ProcessLookupError):
+            _release()
             return None
         except OSError as exc:
+            _release()
             raise Unreadable(str(exc)) from None
+        except BaseException:
+            _release()
+            raise
+        return cls(path, fd)
+
+    @property
+    def kept(self) -> bool:
+        """Whether it holds the file open between readings."""
+        return self._fd is not None
 
     def read(self) -> bytes | None:
         """The stat line now, or ``None`` once the process is gone (or closed); raises
         :class:`Unreadable` when it cannot be read."""
-        fd = self._fd
-        if fd is None:
+        if self._closed:
             return None
+        fd, path = self._fd, self.path
         try:
-            data = _FILES.pread_start(fd, self.path)
+            data = read_proc_counters(path) if fd is None else _FILES.pread_start(fd, path)
         except (FileNotFoundError, ProcessLookupError):
             return None
         except OSError as exc:
@@ -253,14 +272,44 @@ class StatFile:
         raise Unreadable(f"{self.path} is longer than a stat line")
 
     def close(self) -> None:
+        self._closed = True
         fd, self._fd = self._fd, None
         if fd is not None:
             _FILES.close_fd(fd)
+            _release()
 
     def __del__(self) -> None:
         # (at interpreter exit the module's globals may be gone: the OS closes it then)
         with contextlib.suppress(Exception):
             self.close()
+
+
+_KEPT_LOCK: Final = threading.Lock()
+_kept = 0
+"""Stat files held open now (sampling threads open them, the event loop closes some)."""
+
+
+def kept_files() -> int:
+    """How many stat files are held open now."""
+    return _kept
+
+
+def _reserve() -> bool:
+    """Count one more kept stat file, unless that would pass half the open-file limit."""
+    global _kept
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = 1 << 16 if soft == resource.RLIM_INFINITY else soft // 2
+    with _KEPT_LOCK:
+        if _kept >= limit:
+            return False
+        _kept += 1
+        return True
+
+
+def _release() -> None:
+    global _kept
+    with _KEPT_LOCK:
+        _kept -= 1
 
 
 def read_stat_bytes(pid: int) -> bytes | None:

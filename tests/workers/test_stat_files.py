@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
 
 from braid_actors.workers import ProcessKey, TreeObserver, _procstat
 from tests.workers._procs import open_stat_files
@@ -104,3 +106,32 @@ def test_an_observer_keeps_one_file_a_member_and_closes_each(
     assert observer.sample().root_alive
     assert open_stat_files(root.pid) == 1
     observer.close()
+
+
+def test_past_half_the_open_file_limit_a_stat_file_is_read_by_path(
+    children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept files count against the process's open-file limit: once half of it is held
+    so, a new stat file is opened, read and closed at each reading, and reads the same."""
+    child = subprocess.Popen(["sleep", "30"])
+    children.append(child)
+    kept = _procstat.StatFile.open(child.pid)
+    assert kept is not None and kept.kept
+    held = _procstat.kept_files()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2 * held, hard))  # half: all held
+    by_path = _procstat.StatFile.open(child.pid)
+    assert by_path is not None and not by_path.kept
+    assert _procstat.kept_files() == held
+    assert _state(by_path.read()) in (b"S", b"R")
+    assert open_stat_files(child.pid) == 1  # only the kept one
+    kept.close()
+    assert _procstat.kept_files() == held - 1
+    again = _procstat.StatFile.open(child.pid)  # room again
+    assert again is not None and again.kept
+    child.kill()
+    child.wait()
+    assert by_path.read() is None and again.read() is None  # gone, either way
+    by_path.close()
+    again.close()
+    assert _procstat.kept_files() == held - 1
