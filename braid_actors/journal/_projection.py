@@ -173,9 +173,11 @@ class GraphAdmission:
     # ---- the journal actor's Admission protocol ----------------------------------------
 
     def admit(self, records: Sequence[NewRecord]) -> None:
-        if len(records) == 1 and records[0].type in EVENT_TYPES:
+        if len(records) == 1 and is_graph_record(records[0].type):
             # an event's append (the hot path)
-            self._staged_seq = self._admit_event(records[0], self._staged_seq + 1)
+            seq = self._staged_seq + 1
+            self._admit_event(records[0], seq)
+            self._staged_seq = seq
             return
         graph_records = [r for r in records if is_graph_record(r.type)]
         unknown = [
@@ -194,15 +196,14 @@ class GraphAdmission:
                 self._admit_event(record, seq)
         self._staged_seq = seq
 
-    def _admit_event(self, record: NewRecord, seq: int) -> int:
-        """Fold the graph event ``record`` into the write model as record ``seq``; returns
-        ``seq`` (a refused event raises, and the staged sequence stays as it was)."""
+    def _admit_event(self, record: NewRecord, seq: int) -> None:
+        """Fold the graph event ``record`` into the write model as record ``seq`` (a refused
+        event raises before the caller moves the staged sequence)."""
         write, data = self._write, record.data
         event = _event_of(record.type, data)
         graph.apply(write, event, seq)
         if type(event) is RunPartUpdated and type(data) is _EventData:
             data.folded = (seq, write.messages[event.message_id], write.runs[event.run_id])
-        return seq
 
     def committed(self, records: Sequence[CommittedRecord]) -> None:
         read = self.read

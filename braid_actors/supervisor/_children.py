@@ -49,16 +49,11 @@ class ChildWorkers:
                 await self._spawned(snap, sample, root, conv, at)
         for key in sample.exited:
             child = self._journaled(key)
-            if (
-                child is not None
-                and child.parent_worker_id is not None
-                and child.status not in TERMINAL_WORKER_STATES
-            ):
-                await self._exited(child, key.pid, key.create_time, conv, at)
+            if child is not None and _live_child(child):
+                await self._exited(child, key, conv, at)
         if sample.number == 1:
-            for child in self._gone_unseen(sample):
-                assert child.pid is not None and child.create_time is not None
-                await self._exited(child, child.pid, child.create_time, conv, at)
+            for child, key in self._gone_unseen(sample):
+                await self._exited(child, key, conv, at)
         for snap in sample.execs:
             worker = self._journaled(snap.key)
             if worker is None:
@@ -105,9 +100,7 @@ class ChildWorkers:
         source = f"proc:{snap.key.pid}:{snap.key.create_time:.2f}:start"
         await self.sup.record_quietly(WorkerSpawned(conv, self.run_id, child, edge, source, at))
 
-    async def _exited(
-        self, child: Worker, pid: int, create_time: float, conv: str, at: datetime
-    ) -> None:
+    async def _exited(self, child: Worker, key: ProcessKey, conv: str, at: datetime) -> None:
         await self.sup.record_quietly(
             WorkerExited(
                 conv,
@@ -116,33 +109,29 @@ class ChildWorkers:
                 "exited",
                 None,
                 None,
-                f"proc:{pid}:{create_time:.2f}:exit",
+                f"proc:{key.pid}:{key.create_time:.2f}:exit",
                 at,
             )
         )
 
-    def _gone_unseen(self, sample: TreeSample) -> list[Worker]:
+    def _gone_unseen(self, sample: TreeSample) -> list[tuple[Worker, ProcessKey]]:
         """The run's live journaled children that this supervisor's first sample of the run
         does not find and whose process has exited: they ended while no sample looked (a
         previous supervisor recorded them and went down). A child missing from the tree
         whose process still runs (it left the tree) is not ended."""
         state = self.sup.state
         seen = [p.key for p in sample.processes] + list(sample.exited)
-        gone: list[Worker] = []
+        gone: list[tuple[Worker, ProcessKey]] = []
         for worker_id in state.runs[self.run_id].worker_ids:
             worker = state.workers[worker_id]
             pid, created = worker.pid, worker.create_time
-            if (
-                worker.parent_worker_id is None
-                or worker.status in TERMINAL_WORKER_STATES
-                or pid is None
-                or created is None
-            ):
+            if not _live_child(worker) or pid is None or created is None:
                 continue
             if any(k.pid == pid and same_start(k.create_time, created) for k in seen):
                 continue  # in the tree: its samples tell
-            if presence(ProcessKey(pid, created)) != "running":  # gone, or a zombie: exited
-                gone.append(worker)
+            key = ProcessKey(pid, created)
+            if presence(key) != "running":  # gone, or a zombie: it has exited
+                gone.append((worker, key))
         return gone
 
     def _journaled(self, key: ProcessKey) -> Worker | None:
@@ -157,3 +146,8 @@ class ChildWorkers:
             ):
                 return worker
         return None
+
+
+def _live_child(worker: Worker) -> bool:
+    """A child worker (not the run's root) the journal holds as not ended."""
+    return worker.parent_worker_id is not None and worker.status not in TERMINAL_WORKER_STATES

@@ -456,8 +456,6 @@ class RunActor:
         sink = self.sink
         if sink is None or sink.closed or sink.root_worker is None:
             return True
-        if sample.new or sample.exited or sample.execs:
-            return False  # (a repeated sample finds nothing new; what does, is journaled)
         spend = _spend_of(sample)
         if self._spend_log.due(spend):
             return False

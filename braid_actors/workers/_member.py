@@ -101,7 +101,7 @@ class Member:
     """Its stat file, kept open between readings (see ``_procstat.StatFile``)."""
 
     def release(self) -> None:
-        """Close what it keeps open (when it leaves its tree)."""
+        """Close what it keeps open (its observer does, when it leaves the tree)."""
         if self.stat is not None:
             self.stat.close()
             self.stat = None
@@ -173,7 +173,6 @@ def read_from_stat(member: Member, argv_limit: int) -> Reading | None:
             return None
     data = stat.read()
     if data is None:
-        member.release()
         return None
     last = member.line
     if last is not None and (
@@ -196,11 +195,9 @@ def read_from_stat(member: Member, argv_limit: int) -> Reading | None:
         except psutil.Error:
             raise _procstat.Unreadable("the boot time cannot be read") from None
         if not same_start(start, key.create_time):
-            member.release()
             return None
         member.start_tick = line.start_tick
     elif line.start_tick != member.start_tick:
-        member.release()
         return None  # the pid was reused: this member is gone
     zombie = line.zombie
     rss = None

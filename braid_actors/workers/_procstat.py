@@ -312,17 +312,6 @@ def _release() -> None:
         _kept -= 1
 
 
-def read_stat_bytes(pid: int) -> bytes | None:
-    """``pid``'s stat line as the kernel wrote it, or ``None`` when there is no such
-    process; raises :class:`Unreadable` when it cannot be read."""
-    try:
-        return read_proc_counters(f"/proc/{pid}/stat")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError as exc:
-        raise Unreadable(str(exc)) from None
-
-
 _PROCESSOR: Final = 36
 """Index of the ``processor`` field (the 39th) after the executable's name."""
 

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from braid_actors.workers import ObservationHub, ProcessTable, TreeSample, read_parent_ids
+from braid_actors.workers import (
+    ObservationHub,
+    ProcessKey,
+    ProcessTable,
+    TreeSample,
+    Watch,
+    read_parent_ids,
+)
 from braid_actors.workers._hub import CHUNK
 from tests.workers._procs import SPAWN_CHILD, open_stat_files, python, read_line
 
@@ -163,26 +170,15 @@ async def test_a_repeated_sample_is_offered_to_on_repeat_first() -> None:
 
 
 async def test_what_on_repeat_raises_fails_its_watcher_only() -> None:
-    hub = ObservationHub(0.1)
-    seen, quick = Seen(), Seen()
+    seen = Seen()
 
     def on_repeat(sample: TreeSample) -> bool:
         raise RuntimeError("boom")
 
-    async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
-        assert await read_line(one) == "ready"
-        assert await read_line(two) == "ready"
-        await n.start(hub.run)
-        hub.watch(two.info.key, quick, n)
-        with pytest.raises(ExceptionGroup) as failed:  # noqa: PT012
-            async with trio.open_nursery() as watcher:
-                watch = hub.watch(one.info.key, seen, watcher, on_repeat=on_repeat)
-                await trio.sleep(5)
-        assert failed.group_contains(RuntimeError, match="boom")
-        assert watch.closed
-        count = len(quick.samples)
-        await quick.until(lambda samples: len(samples) >= count + 3)  # the hub goes on
-        n.cancel_scope.cancel()
+    watch = await _fails_its_watcher_only(
+        lambda hub, key, watcher: hub.watch(key, seen, watcher, on_repeat=on_repeat), "boom"
+    )
+    assert watch.closed
     # its first samples, until one repeated the one before (a process settling after
     # its start can change between the first two)
     assert seen.samples and not any(s.repeated for s in seen.samples)
@@ -194,12 +190,25 @@ def test_an_interval_must_be_positive() -> None:
 
 
 async def test_a_failing_sample_fails_its_watcher_only() -> None:
-    hub = ObservationHub(0.1)
-    quick = Seen()
-
     def broken(skip: Set[str]) -> dict[int, int]:
         raise RuntimeError("the process table could not be read")
 
+    def watch_broken(hub: ObservationHub, key: ProcessKey, watcher: trio.Nursery) -> Watch:
+        watch = hub.watch(key, Seen(), watcher)
+        watch.observer.table = ProcessTable(read=broken)
+        return watch
+
+    await _fails_its_watcher_only(watch_broken, "could not be read")
+
+
+async def _fails_its_watcher_only(
+    start: Callable[[ObservationHub, ProcessKey, trio.Nursery], Watch], match: str
+) -> Watch:
+    """Two sleeping trees, one watched as usual, one by ``start`` in a nursery of its own
+    that must fail with ``match``: the hub goes on sampling the other. Returns the failed
+    watch."""
+    hub = ObservationHub(0.1)
+    quick = Seen()
     async with python(SLEEPER) as one, python(SLEEPER) as two, trio.open_nursery() as n:
         assert await read_line(one) == "ready"
         assert await read_line(two) == "ready"
@@ -207,13 +216,13 @@ async def test_a_failing_sample_fails_its_watcher_only() -> None:
         hub.watch(two.info.key, quick, n)
         with pytest.raises(ExceptionGroup) as failed:  # noqa: PT012
             async with trio.open_nursery() as watcher:
-                watch = hub.watch(one.info.key, Seen(), watcher)
-                watch.observer.table = ProcessTable(read=broken)
-                await trio.sleep_forever()
-        assert failed.group_contains(RuntimeError, match="could not be read")
+                watch = start(hub, one.info.key, watcher)
+                await trio.sleep(10)  # (ended by the failure; if none comes, raises fails)
+        assert failed.group_contains(RuntimeError, match=match)
         count = len(quick.samples)
         await quick.until(lambda samples: len(samples) >= count + 3)  # the hub goes on
         n.cancel_scope.cancel()
+    return watch
 
 
 async def test_chunks_of_a_tick_are_spread_over_half_the_interval() -> None:
