@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
 import pytest
 
 from braid_actors import graph
@@ -478,7 +479,7 @@ def test_a_workers_new_command_lines_are_kept_once_each() -> None:
     # is still kept (its identity is not).
     run = g.s.runs[run_id]
     filler = tuple(f"x:fill{n}" for n in range(MAX_RUN_SOURCE_EVENTS - len(run.source_event_ids)))
-    g.s.runs[run_id] = attrs_evolve(run, source_event_ids=(*run.source_event_ids, *filler))
+    g.s.runs[run_id] = attrs.evolve(run, source_event_ids=(*run.source_event_ids, *filler))
     graph.apply(g.s, WorkerExecuted(conv, run_id, "wrk_c", ("later",), "x:e4", g.at()))
     assert [e.command for e in g.s.workers["wrk_c"].execs] == [("git", "status")]
     assert not g.s.runs[run_id].children_complete
@@ -490,15 +491,7 @@ def test_a_workers_new_command_lines_are_kept_once_each() -> None:
     assert [e.command for e in g.s.workers["wrk_c"].execs] == [("git", "status")]
 
 
-def attrs_evolve(inst: Any, **changes: Any) -> Any:
-    import attrs
-
-    return attrs.evolve(inst, **changes)
-
-
 def attrs_evolve_worker(ev: Any, worker_id: str) -> Any:
-    import attrs
-
     return attrs.evolve(ev, worker=attrs.evolve(ev.worker, worker_id=worker_id))
 
 

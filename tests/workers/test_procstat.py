@@ -18,7 +18,7 @@ from braid_actors.workers import ARGV_LIMIT, ProcessKey, _procstat
 from braid_actors.workers._member import Member, read_from_stat, read_member
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    pass
 
 
 def test_the_stat_reader_is_in_use_here() -> None:
@@ -41,18 +41,6 @@ def _both(member: Member) -> tuple[object, object]:
     finally:
         _procstat.AVAILABLE = saved  # type: ignore[misc]
     return fast, plain
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    made: list[subprocess.Popen[bytes]] = []
-    yield made
-    for child in made:
-        if child.stdin is not None:
-            child.stdin.close()
-        if child.poll() is None:
-            child.kill()
-        child.wait()
 
 
 def test_a_sleeping_and_a_stopped_process_read_the_same(
