@@ -24,7 +24,7 @@ import trio
 from braid_actors.app import BraidApp, call, open_app
 from braid_actors.cli.verify import verify_home
 from braid_actors.journal import Journal, load_or_create_key
-from braid_actors.workers import find_local_workers
+from braid_actors.workers import ProcessKey, find_local_workers, presence
 
 
 class Headless:
@@ -268,7 +268,7 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     first.proc.kill()
     await first.proc.wait()
     for _ in range(200):  # it ends while no supervisor runs
-        if _gone(child["pid"]):
+        if presence(ProcessKey(child["pid"], child["createTime"])) != "running":
             break
         await trio.sleep(0.05)
     else:
@@ -291,10 +291,3 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     assert len(ends) == 1 and ends[0].endswith(":exit"), ends
     report = verify_home(home, {"BRAID_HOME": str(home)})
     assert report.ok, report.render()
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
