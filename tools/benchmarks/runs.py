@@ -638,6 +638,15 @@ def main(argv: list[str]) -> int:
                 "hypervisor"
             )
         )
+        # The workers' CPU per event is the same work in every run of this benchmark, so it
+        # shows how fast the machine ran in the window: on this shared machine the whole of
+        # it slows down now and then by up to ~2x (the workers with it), with no steal shown.
+        per_event = 1e6 / a["events_per_s"] if a["events_per_s"] else float("nan")
+        print(
+            f"    CPU per event committed: supervisor {a['cpu_share'] * per_event:.0f} us, "
+            f"the worker processes {a['workers_cores'] * per_event:.0f} us (the same work in "
+            "every run: higher means the machine ran slower in this window)"
+        )
         shares = a["thread_shares"]
         listed = ", ".join(
             f"{n} {v * 100:.1f}%"
