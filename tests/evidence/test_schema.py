@@ -10,7 +10,13 @@ import pytest
 
 from braid_actors.errors import EvidenceStoreUnavailable
 from braid_actors.evidence import EvidenceStore
-from braid_actors.evidence._schema import CACHE_KIB, DB_FILE, SCHEMA_VERSION, connect
+from braid_actors.evidence._schema import (
+    CACHE_KIB,
+    DB_FILE,
+    PAGE_SIZE,
+    SCHEMA_VERSION,
+    connect,
+)
 
 from ._helpers import FIXTURES
 
@@ -141,3 +147,25 @@ def test_every_connection_holds_the_larger_page_cache(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
     with closing(sqlite3.connect(tmp_path / "home" / DB_FILE)) as plain:
         assert plain.execute("PRAGMA cache_size").fetchone()[0] == -2000
+
+
+def test_a_new_store_gets_the_larger_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    """A store created now has ``PAGE_SIZE`` pages; one created with SQLite's default
+    pages keeps them (the size of a WAL database can't change) and still ingests."""
+    assert PAGE_SIZE > 4096
+    _ingest_fixtures(tmp_path / "new")
+    with closing(sqlite3.connect(tmp_path / "new" / DB_FILE)) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE
+    old = tmp_path / "old"
+    old.mkdir()
+    with closing(sqlite3.connect(old / DB_FILE)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE early(x)")  # the file now has its (default) page size
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    _ingest_fixtures(old)
+    with closing(sqlite3.connect(old / DB_FILE)) as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    with EvidenceStore.open(tmp_path / "new") as new_store, EvidenceStore.open(old) as old_store:
+        ids = [[e["id"] for e in page["entries"]] for page in _pages(new_store)]
+        assert sum(map(len, ids)) > 200
+        assert ids == [[e["id"] for e in page["entries"]] for page in _pages(old_store)]
