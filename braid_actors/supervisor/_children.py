@@ -114,11 +114,22 @@ class ChildWorkers:
             )
         )
 
+    def live_keys(self) -> list[ProcessKey]:
+        """The processes of the run's journaled children that have not ended, in the order
+        they were recorded (a parent before its children)."""
+        state = self.sup.state
+        keys: list[ProcessKey] = []
+        for worker_id in state.runs[self.run_id].worker_ids:
+            worker = state.workers[worker_id]
+            if _live_child(worker) and worker.pid is not None and worker.create_time is not None:
+                keys.append(ProcessKey(worker.pid, worker.create_time))
+        return keys
+
     def _gone_unseen(self, sample: TreeSample) -> list[tuple[Worker, ProcessKey]]:
         """The run's live journaled children that this supervisor's first sample of the run
         does not find and whose process has exited: they ended while no sample looked (a
-        previous supervisor recorded them and went down). A child missing from the tree
-        whose process still runs (it left the tree) is not ended."""
+        previous supervisor recorded them and went down). A child that still runs is in
+        the sample even when it left the tree: the observer adopts it (:meth:`live_keys`)."""
         state = self.sup.state
         seen = [p.key for p in sample.processes] + list(sample.exited)
         gone: list[tuple[Worker, ProcessKey]] = []

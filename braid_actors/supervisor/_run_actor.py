@@ -435,9 +435,16 @@ class RunActor:
         assert worker.create_time is not None
         key = ProcessKey(worker.pid, worker.create_time)
         # The supervisor's one observer samples it; the samples are handled in this run's
-        # nursery, so they end with the run.
+        # nursery, so they end with the run. Children a previous supervisor recorded are
+        # members from the start, also those that left the tree while nobody looked.
         self._watches.append(
-            self.sup.hub.watch(key, self._sampled, self._nursery, on_repeat=self._repeated)
+            self.sup.hub.watch(
+                key,
+                self._sampled,
+                self._nursery,
+                on_repeat=self._repeated,
+                adopt=self.children.live_keys(),
+            )
         )
 
     async def _sampled(self, sample: TreeSample) -> None:

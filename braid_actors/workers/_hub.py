@@ -20,7 +20,7 @@ that found its tree empty, or when its watcher closes it.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -124,6 +124,7 @@ class ObservationHub:
         nursery: trio.Nursery,
         *,
         on_repeat: Callable[[TreeSample], bool] | None = None,
+        adopt: Iterable[ProcessKey] = (),
     ) -> Watch:
         """Watch ``root``'s tree: ``on_sample`` gets each sample, in a task of ``nursery``.
 
@@ -132,9 +133,10 @@ class ObservationHub:
         task: True means it was handled, False that it goes to ``on_sample`` as any other.
         It must not block; what it raises is delivered to the watcher's nursery, as a
         failure of ``on_sample`` would be. (The hub alone with 500 quiet trees: 3.8-4.1% of
-        a core with a task per sample, 3.1-3.2% with a trivial ``on_repeat``.)
+        a core with a task per sample, 3.1-3.2% with a trivial ``on_repeat``.) ``adopt``:
+        processes already known to be in the tree (see ``TreeObserver.adopt``).
         """
-        observer = TreeObserver.of(root, argv_limit=self.argv_limit, table=self.table)
+        observer = TreeObserver.of(root, argv_limit=self.argv_limit, table=self.table, adopt=adopt)
         watch = Watch(observer=observer, on_sample=on_sample, nursery=nursery, on_repeat=on_repeat)
         self._watches.append(watch)
         self._new.set()

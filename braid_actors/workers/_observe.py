@@ -4,7 +4,9 @@ Design note. The *tree* of a root process is the root plus every process ever se
 child of a tree member, for as long as that process lives: a member stays a member when it
 is re-parented (its parent exited, or it double-forked after being seen), so the stragglers
 of an exited root are still watched. A process re-parented away before it was first
-sampled (a daemon that double-forks between two samples) is never seen. A process is named
+sampled (a daemon that double-forks between two samples) is never seen, unless it is named
+in ``adopt`` (processes known to belong to the tree, e.g. recorded by a supervisor before a
+restart: members from the first sample while they run). A process is named
 by :class:`ProcessKey` ``(pid, create_time)``; a reused pid is a different process.
 
 :class:`TreeObserver` is the synchronous core: each :meth:`~TreeObserver.sample` reads every
@@ -61,7 +63,7 @@ from braid_actors.workers._process import ProcessInfo
 from braid_actors.workers._proctable import ProcessTable
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterable
 
 
 ARGV_LIMIT: Final = 1024
@@ -130,6 +132,10 @@ class TreeObserver:
     argv_limit: int = ARGV_LIMIT
     table: ProcessTable = attrs.Factory(ProcessTable)
     """Where new children are looked up; share one between observers (see its module)."""
+    adopt: tuple[ProcessKey, ...] = ()
+    """Processes known to belong to the tree already (a restarted supervisor's journaled
+    children, parents first): members from the first sample on, whether or not they are
+    still the root's descendants, when they still run and the root does."""
     _members: dict[ProcessKey, Member] = attrs.Factory(dict)
     _started: bool = False
     _samples: int = 0
@@ -146,9 +152,12 @@ class TreeObserver:
         *,
         argv_limit: int = ARGV_LIMIT,
         table: ProcessTable | None = None,
+        adopt: Iterable[ProcessKey] = (),
     ) -> TreeObserver:
         key = root.key if isinstance(root, ProcessInfo) else root
-        return cls(root=key, argv_limit=argv_limit, table=table or ProcessTable())
+        return cls(
+            root=key, argv_limit=argv_limit, table=table or ProcessTable(), adopt=tuple(adopt)
+        )
 
     def member_pids(self) -> list[str]:
         """The pids of its members, in decimal (for :meth:`ProcessTable.expire`); call it
@@ -167,6 +176,8 @@ class TreeObserver:
         if not self._started:
             self._started = True
             self._adopt_root()
+            if self.root in self._members:
+                self._adopt_known()
         readings: dict[ProcessKey, Reading] = {}
         gone: list[Member] = []
         exited: list[ProcessKey] = []
@@ -254,6 +265,20 @@ class TreeObserver:
             return  # gone before the first sample: the tree is empty from the start
         if same_start(start, self.root.create_time):
             self._members[self.root] = Member(key=self.root, proc=proc, parent=None)
+
+    def _adopt_known(self) -> None:
+        # A known process that left the tree (its parent exited and it was re-parented
+        # outside) would never be found again from the root: it is a member by its key.
+        for key in self.adopt:
+            if key in self._members or key.pid == self.root.pid:
+                continue
+            try:
+                proc = psutil.Process(key.pid)
+                start = float(proc.create_time())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # gone: the caller learns it from the process's absence
+            if same_start(start, key.create_time):
+                self._members[key] = Member(key=key, proc=proc, parent=None)
 
     def _discover(self, readings: dict[ProcessKey, Reading]) -> list[ProcessSnapshot]:
         """Children of running members not yet known, found breadth-first from one pass

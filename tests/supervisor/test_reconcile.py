@@ -291,3 +291,49 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     assert len(ends) == 1 and ends[0].endswith(":exit"), ends
     report = verify_home(home, {"BRAID_HOME": str(home)})
     assert report.ok, report.render()
+
+
+async def test_a_child_that_left_the_tree_while_its_supervisor_was_down_is_still_watched(
+    tmp_path: Path, restarted: Any
+) -> None:
+    """A child the killed supervisor recorded is re-parented away from the run's tree while
+    no supervisor runs (its parent exits) and keeps running: the new supervisor still
+    watches it, so its exit is recorded when it happens (":exit"), mid-run, not at the
+    run's end."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    workspace.mkdir()
+    first, sent = await _shell_turn(home, workspace, "!(sleep 5 & sleep 1.5); sleep 9")
+    with trio.fail_after(10):
+        while True:
+            listed = await first.ask("list_workers", {"runId": sent["runId"]})
+            journaled = [w for w in listed["workers"] if w["command"] == ["sleep", "5"]]
+            if journaled:
+                break  # recorded before the kill, while its parent still runs
+            await trio.sleep(0.05)
+    (child,) = journaled
+    first.proc.kill()
+    await first.proc.wait()
+    pids = {w["pid"] for w in listed["workers"]}
+    with trio.fail_after(10):  # its parent exits and it is re-parented outside the tree
+        while True:
+            if psutil.Process(child["pid"]).ppid() not in pids:
+                break
+            await trio.sleep(0.05)
+    app: BraidApp = await restarted(home)
+    with trio.fail_after(15):
+        while app.state.workers[child["workerId"]].status != "exited":
+            await app.changed()
+    assert app.run(sent["runId"]).state == "running"  # seen exiting, mid-run
+    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    await app.shutdown(drain=True)
+    key = load_or_create_key(home, {})
+    with Journal.open(home, key, readonly=True) as journal:
+        ends = [
+            r.data["source_event_id"]
+            for r in journal.read()
+            if r.type == "worker.exited" and r.data["worker_id"] == child["workerId"]
+        ]
+    assert len(ends) == 1 and ends[0].endswith(":exit"), ends
+    report = verify_home(home, {"BRAID_HOME": str(home)})
+    assert report.ok, report.render()

@@ -177,3 +177,34 @@ async def test_argv_is_bounded() -> None:
     assert root.argv is not None
     assert root.argv[:3] == ("sh", "-c", "sleep 30")
     assert sum(map(len, root.argv)) == 40
+
+
+async def test_adopted_processes_are_members_from_the_first_sample() -> None:
+    """Processes named in ``adopt`` that still run (the children a restarted supervisor
+    recorded, even when they left the root's tree) are members from the first sample, not
+    new; their exit is seen. A key whose process started at another time is not taken, and
+    nothing is adopted into a tree whose root is gone."""
+    sleep = ("sleep", "30")
+    async with shell_command(sleep) as root, shell_command(sleep) as outside:
+        moved = outside.info.key  # not the root's descendant: a child that left the tree
+        reused = ProcessKey(moved.pid, moved.create_time - 100.0)
+        observer = TreeObserver.of(root.info, adopt=[moved, reused])
+        first = await trio.to_thread.run_sync(observer.sample)
+        assert [p.key for p in first.processes] == [root.info.key, moved]
+        assert first.new == ()
+        assert first.exited == ()
+        os.kill(moved.pid, signal.SIGKILL)
+        with trio.fail_after(5):
+            while True:
+                sample = await trio.to_thread.run_sync(observer.sample)
+                if moved in sample.exited:
+                    break
+                await trio.sleep(0.02)
+        assert [p.key for p in sample.processes] == [root.info.key]
+        observer.close()
+        gone_root = ProcessKey(root.info.pid, root.info.create_time - 100.0)
+        orphaned = TreeObserver.of(gone_root, adopt=[root.info.key])
+        alone = await trio.to_thread.run_sync(orphaned.sample)
+        assert alone.finished
+        assert alone.exited == (gone_root,)
+        orphaned.close()
