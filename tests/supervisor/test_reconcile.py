@@ -115,6 +115,41 @@ def _spool_dir(home: Path) -> Path:
     return home / "runners" / "local" / "spool"
 
 
+async def _journaled_child(
+    client: Headless, run_id: str, command: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Wait until the run's workers list a child running ``command``; it and the list."""
+    with trio.fail_after(10):
+        while True:
+            listed = await client.ask("list_workers", {"runId": run_id})
+            found = [w for w in listed["workers"] if w["command"] == command]
+            if found:
+                return found[0], listed["workers"]
+            await trio.sleep(0.05)
+
+
+async def _ends_once_mid_run(app: BraidApp, home: Path, run_id: str, worker_id: str) -> None:
+    """The worker ends while its run still runs, the run succeeds, and the journal holds
+    one end of the worker, seen by a sample (":exit"), with ``journal verify`` clean."""
+    with trio.fail_after(15):
+        while app.state.workers[worker_id].status != "exited":
+            await app.changed()
+    assert app.run(run_id).state == "running"  # ended mid-run, not at the run's end
+    record = await call(app, "wait_run", {"runId": run_id, "timeoutS": 30})
+    assert record["state"] == "succeeded", record["outcome"]
+    await app.shutdown(drain=True)
+    key = load_or_create_key(home, {})
+    with Journal.open(home, key, readonly=True) as journal:
+        ends = [
+            r.data["source_event_id"]
+            for r in journal.read()
+            if r.type == "worker.exited" and r.data["worker_id"] == worker_id
+        ]
+    assert len(ends) == 1 and ends[0].endswith(":exit"), ends
+    report = verify_home(home, {"BRAID_HOME": str(home)})
+    assert report.ok, report.render()
+
+
 async def test_running_worker_is_reattached_after_a_crash(tmp_path: Path, restarted: Any) -> None:
     """The worker outlives the killed supervisor; the new one replays and finishes its run."""
     home, workspace = tmp_path / "home", tmp_path / "ws"
@@ -257,14 +292,7 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     home, workspace = tmp_path / "home", tmp_path / "ws"
     workspace.mkdir()
     first, sent = await _shell_turn(home, workspace, "!sleep 1; sleep 6")
-    with trio.fail_after(10):
-        while True:
-            listed = await first.ask("list_workers", {"runId": sent["runId"]})
-            short = [w for w in listed["workers"] if w["command"] == ["sleep", "1"]]
-            if short:
-                break  # journaled before the kill
-            await trio.sleep(0.05)
-    (child,) = short
+    child, _ = await _journaled_child(first, sent["runId"], ["sleep", "1"])  # before the kill
     first.proc.kill()
     await first.proc.wait()
     for _ in range(200):  # it ends while no supervisor runs
@@ -274,23 +302,7 @@ async def test_a_child_that_ends_while_its_supervisor_is_down_is_ended_at_reconc
     else:
         raise AssertionError("the short child never ended")
     app: BraidApp = await restarted(home)
-    with trio.fail_after(10):
-        while app.state.workers[child["workerId"]].status != "exited":
-            await app.changed()
-    assert app.run(sent["runId"]).state == "running"  # ended at reconciliation, mid-run
-    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
-    assert record["state"] == "succeeded", record["outcome"]
-    await app.shutdown(drain=True)
-    key = load_or_create_key(home, {})
-    with Journal.open(home, key, readonly=True) as journal:
-        ends = [
-            r.data["source_event_id"]
-            for r in journal.read()
-            if r.type == "worker.exited" and r.data["worker_id"] == child["workerId"]
-        ]
-    assert len(ends) == 1 and ends[0].endswith(":exit"), ends
-    report = verify_home(home, {"BRAID_HOME": str(home)})
-    assert report.ok, report.render()
+    await _ends_once_mid_run(app, home, sent["runId"], child["workerId"])  # at reconciliation
 
 
 async def test_a_child_that_left_the_tree_while_its_supervisor_was_down_is_still_watched(
@@ -303,37 +315,15 @@ async def test_a_child_that_left_the_tree_while_its_supervisor_was_down_is_still
     home, workspace = tmp_path / "home", tmp_path / "ws"
     workspace.mkdir()
     first, sent = await _shell_turn(home, workspace, "!(sleep 5 & sleep 1.5); sleep 9")
-    with trio.fail_after(10):
-        while True:
-            listed = await first.ask("list_workers", {"runId": sent["runId"]})
-            journaled = [w for w in listed["workers"] if w["command"] == ["sleep", "5"]]
-            if journaled:
-                break  # recorded before the kill, while its parent still runs
-            await trio.sleep(0.05)
-    (child,) = journaled
+    # recorded before the kill, while its parent still runs
+    child, workers = await _journaled_child(first, sent["runId"], ["sleep", "5"])
     first.proc.kill()
     await first.proc.wait()
-    pids = {w["pid"] for w in listed["workers"]}
+    pids = {w["pid"] for w in workers}
     with trio.fail_after(10):  # its parent exits and it is re-parented outside the tree
         while True:
             if psutil.Process(child["pid"]).ppid() not in pids:
                 break
             await trio.sleep(0.05)
     app: BraidApp = await restarted(home)
-    with trio.fail_after(15):
-        while app.state.workers[child["workerId"]].status != "exited":
-            await app.changed()
-    assert app.run(sent["runId"]).state == "running"  # seen exiting, mid-run
-    record = await call(app, "wait_run", {"runId": sent["runId"], "timeoutS": 30})
-    assert record["state"] == "succeeded", record["outcome"]
-    await app.shutdown(drain=True)
-    key = load_or_create_key(home, {})
-    with Journal.open(home, key, readonly=True) as journal:
-        ends = [
-            r.data["source_event_id"]
-            for r in journal.read()
-            if r.type == "worker.exited" and r.data["worker_id"] == child["workerId"]
-        ]
-    assert len(ends) == 1 and ends[0].endswith(":exit"), ends
-    report = verify_home(home, {"BRAID_HOME": str(home)})
-    assert report.ok, report.render()
+    await _ends_once_mid_run(app, home, sent["runId"], child["workerId"])  # seen exiting
