@@ -32,14 +32,18 @@ from braid_actors.workers._proctable import ProcessTable
 if TYPE_CHECKING:
     from braid_actors.workers._identity import ProcessKey
 
-CHUNK: Final = 48
-"""Trees sampled per worker-thread call (a millisecond or two of the interpreter's time).
+CHUNK: Final = 96
+"""Trees sampled per worker-thread call (about a millisecond of the interpreter's time).
 
 Each call also costs the event loop a thread hand-off, a wake-up and a pause between
 calls. With 16 a call, 500 idle one-process trees sampled every 0.5 s took 7.5-8.1% of a
 core; with 32, 48 and 64: 5.5-5.6, 4.8-5.6 and 4.2% (two runs each, the samples repeating
-their previous ones). 48 keeps a call's hold on the interpreter (the stat reads keep it)
-near what 16 samples took before a repeated sample cost less (16 x 60-90 us then)."""
+their previous ones). Since a member's stat file stays open a repeated sample costs ~11 us
+(60-90 us before), and the hub alone (``on_repeat`` taking every sample) took 2.8-3.1% of a
+core at 48, 2.3% at 96 and 2.1-2.2% at 128. 96 keeps a call's hold on the interpreter (the
+stat reads keep it) near the ~1 ms that 16 samples took when each cost 60-90 us. In
+``tools/bench runs`` the supervisor's CPU with 500 idle runs went from 5.3-6.7% (48, ten
+runs) to 4.0-4.7% (96, two runs); streaming, its CPU and p99 did not move past the noise."""
 
 
 @attrs.define(eq=False)

@@ -251,7 +251,7 @@ async def test_chunks_of_a_tick_are_spread_over_half_the_interval() -> None:
 
 
 async def test_the_chunks_of_a_tick_share_one_read_of_the_process_table() -> None:
-    """130 watches take 9 chunks spread over half of each 0.4 s tick; the system's parent
+    """130 watches take their chunks spread over half of each 0.4 s tick; the system's parent
     ids are read once per tick for all of them (a table lasting a quarter interval was read
     two or three times per tick)."""
     hub = ObservationHub(0.4)
