@@ -117,33 +117,29 @@ class ChildWorkers:
     def live_keys(self) -> list[ProcessKey]:
         """The processes of the run's journaled children that have not ended, in the order
         they were recorded (a parent before its children)."""
+        return [key for _, key in self._live_children()]
+
+    def _live_children(self) -> list[tuple[Worker, ProcessKey]]:
         state = self.sup.state
-        keys: list[ProcessKey] = []
+        live: list[tuple[Worker, ProcessKey]] = []
         for worker_id in state.runs[self.run_id].worker_ids:
             worker = state.workers[worker_id]
             if _live_child(worker) and worker.pid is not None and worker.create_time is not None:
-                keys.append(ProcessKey(worker.pid, worker.create_time))
-        return keys
+                live.append((worker, ProcessKey(worker.pid, worker.create_time)))
+        return live
 
     def _gone_unseen(self, sample: TreeSample) -> list[tuple[Worker, ProcessKey]]:
         """The run's live journaled children that this supervisor's first sample of the run
         does not find and whose process has exited: they ended while no sample looked (a
         previous supervisor recorded them and went down). A child that still runs is in
         the sample even when it left the tree: the observer adopts it (:meth:`live_keys`)."""
-        state = self.sup.state
         seen = [p.key for p in sample.processes] + list(sample.exited)
-        gone: list[tuple[Worker, ProcessKey]] = []
-        for worker_id in state.runs[self.run_id].worker_ids:
-            worker = state.workers[worker_id]
-            pid, created = worker.pid, worker.create_time
-            if not _live_child(worker) or pid is None or created is None:
-                continue
-            if any(k.pid == pid and same_start(k.create_time, created) for k in seen):
-                continue  # in the tree: its samples tell
-            key = ProcessKey(pid, created)
-            if presence(key) != "running":  # gone, or a zombie: it has exited
-                gone.append((worker, key))
-        return gone
+        return [
+            (worker, key)
+            for worker, key in self._live_children()
+            if not any(_same(k, key) for k in seen)  # in the tree: its samples tell
+            and presence(key) != "running"  # gone, or a zombie: it has exited
+        ]
 
     def _journaled(self, key: ProcessKey) -> Worker | None:
         """The run's journaled worker for the process ``key`` (the root included), if any."""
@@ -162,3 +158,8 @@ class ChildWorkers:
 def _live_child(worker: Worker) -> bool:
     """A child worker (not the run's root) the journal holds as not ended."""
     return worker.parent_worker_id is not None and worker.status not in TERMINAL_WORKER_STATES
+
+
+def _same(a: ProcessKey, b: ProcessKey) -> bool:
+    """Whether two keys name one process (creation times within the tolerance)."""
+    return a.pid == b.pid and same_start(a.create_time, b.create_time)

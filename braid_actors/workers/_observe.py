@@ -258,27 +258,16 @@ class TreeObserver:
     # ---- reading ---------------------------------------------------------------------
 
     def _adopt_root(self) -> None:
-        try:
-            proc = psutil.Process(self.root.pid)
-            start = float(proc.create_time())
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return  # gone before the first sample: the tree is empty from the start
-        if same_start(start, self.root.create_time):
-            self._members[self.root] = Member(key=self.root, proc=proc, parent=None)
+        member = _running(self.root)
+        if member is not None:  # else gone before the first sample: the tree is empty
+            self._members[self.root] = member
 
     def _adopt_known(self) -> None:
         # A known process that left the tree (its parent exited and it was re-parented
         # outside) would never be found again from the root: it is a member by its key.
         for key in self.adopt:
-            if key in self._members or key.pid == self.root.pid:
-                continue
-            try:
-                proc = psutil.Process(key.pid)
-                start = float(proc.create_time())
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue  # gone: the caller learns it from the process's absence
-            if same_start(start, key.create_time):
-                self._members[key] = Member(key=key, proc=proc, parent=None)
+            if key not in self._members and (member := _running(key)) is not None:
+                self._members[key] = member
 
     def _discover(self, readings: dict[ProcessKey, Reading]) -> list[ProcessSnapshot]:
         """Children of running members not yet known, found breadth-first from one pass
@@ -408,6 +397,16 @@ class TreeObserver:
             self._root_ended_at = now
         end = now if root_running else self._root_ended_at or now
         return max(0.0, end - self.root.create_time)
+
+
+def _running(key: ProcessKey) -> Member | None:
+    """A member (with no parent yet) for the process ``key`` names, if that process runs."""
+    try:
+        proc = psutil.Process(key.pid)
+        start = float(proc.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return Member(key=key, proc=proc, parent=None) if same_start(start, key.create_time) else None
 
 
 async def observe_tree(

@@ -639,8 +639,8 @@ def main(argv: list[str]) -> int:
             )
         )
         # The workers' CPU per event is the same work in every run of this benchmark, so it
-        # shows how fast the machine ran in the window: on this shared machine the whole of
-        # it slows down now and then by up to ~2x (the workers with it), with no steal shown.
+        # shows how fast the machine ran in the window (this shared machine slows down now
+        # and then with no steal shown); the supervisor's rising alone is its own doing.
         per_event = 1e6 / a["events_per_s"] if a["events_per_s"] else float("nan")
         print(
             f"    CPU per event committed: supervisor {a['cpu_share'] * per_event:.0f} us, "
