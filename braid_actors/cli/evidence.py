@@ -7,9 +7,12 @@ braid evidence show RUN_ID [--json]
 braid evidence serve [--port N] [--dashboard-port N]
 ```
 
-Without ``--run`` the paths go into one new import run (printed first) and every file is its
-current execution. Output names sources, statuses, counts and issue codes only: never a
-message body. The exit status is 1 when any source is ``failed`` or ``no_input``.
+A PATH that is a directory stands for the transcript files under it (``*.jsonl`` and
+``*session*.json``, in path order; see ``evidence._paths``). Without ``--run`` the paths go
+into one new import run (printed first) and every file is its current execution. Output
+names sources, statuses, counts and issue codes only, never a message body, and ends with a
+count of files and of sources by status. The exit status is 1 when any source is ``failed``
+or ``no_input``, 2 when the command is refused before anything is written.
 
 ``serve`` runs the recorded-context HTTP API on 127.0.0.1 (port 0 picks a free one) and,
 with ``--dashboard-port``, the dashboard routes; it prints each bound URL once it listens.
@@ -21,11 +24,18 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from braid_actors.errors import BraidError
-from braid_actors.evidence import HARNESSES, PRESETS, EvidenceStore, serve_evidence
+from braid_actors.evidence import (
+    HARNESSES,
+    PRESETS,
+    EvidenceStore,
+    serve_evidence,
+    transcript_paths,
+)
 from braid_actors.model import new_id
 
 if TYPE_CHECKING:
@@ -39,7 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     evidence = subparsers.add_parser("evidence", help="recorded evidence of runs")
     sub = evidence.add_subparsers(dest="evidence_command", required=True)
     ingest = sub.add_parser("ingest", help="ingest transcript files and print their coverage")
-    ingest.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    ingest.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="a transcript file, or a directory"
+    )
     ingest.add_argument("--run", dest="run_id", help="run to ingest into (default: a new run)")
     ingest.add_argument("--harness", choices=[*HARNESSES], help="skip format detection")
     ingest.add_argument("--policy", choices=[*PRESETS], help="capture policy of a new run")
@@ -71,15 +83,16 @@ def run(args: argparse.Namespace, home: Path) -> int:
 
 
 def _ingest(args: argparse.Namespace, home: Path) -> int:
+    paths = transcript_paths(args.paths)  # (refused before the store is opened)
     run_id = args.run_id or new_id("run")
     resume = None if args.run_id else 0
-    worst = 0
+    statuses: Counter[str] = Counter()
     with EvidenceStore.open(home, redaction_patterns=args.redact) as store:
         if not args.json:
             print(f"run {run_id}")
         # Many files (8 MB or more) are prepared by one process per CPU (ingest_many).
         reports = store.ingest_many(
-            args.paths,
+            paths,
             run_id=run_id,
             harness=args.harness,
             policy=args.policy,
@@ -88,13 +101,24 @@ def _ingest(args: argparse.Namespace, home: Path) -> int:
         for report in reports:
             for source in report.sources:
                 coverage = source.coverage
-                if coverage["status"] in _BAD:
-                    worst = 1
+                statuses[coverage["status"]] += 1
                 if args.json:
                     print(json.dumps(coverage, ensure_ascii=False, sort_keys=True))
                 else:
                     print(_line(coverage, source.summary))
-    return worst
+    if not args.json:
+        print(_totals(len(paths), statuses))
+    return 1 if any(statuses[status] for status in _BAD) else 0
+
+
+def _totals(files: int, statuses: Counter[str]) -> str:
+    """``3 files, 4 sources: ok 3, partial 1`` (statuses in the order they first came)."""
+    sources = sum(statuses.values())
+    by_status = ", ".join(f"{status} {count}" for status, count in statuses.items())
+    return (
+        f"{files} file{'s' if files != 1 else ''}, "
+        f"{sources} source{'s' if sources != 1 else ''}: {by_status}"
+    )
 
 
 def _show(args: argparse.Namespace, home: Path) -> int:

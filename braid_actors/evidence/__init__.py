@@ -37,6 +37,7 @@ if typing.TYPE_CHECKING:
     from braid_actors.evidence._objects import MAX_OBJECT_BYTES
     from braid_actors.evidence._paging import ENTRY_KINDS
     from braid_actors.evidence._parallel import PARALLEL_MIN_BYTES, worker_count
+    from braid_actors.evidence._paths import TRANSCRIPT_PATTERNS, transcript_paths
     from braid_actors.evidence._policy import PRESETS, CapturePolicy, make_policy
     from braid_actors.evidence._redact import Redactor
     from braid_actors.evidence._rows import IngestReport, SourceReport
@@ -55,6 +56,8 @@ _SOURCES: dict[str, str] = {
     "ENTRY_KINDS": "braid_actors.evidence._paging",
     "PARALLEL_MIN_BYTES": "braid_actors.evidence._parallel",
     "worker_count": "braid_actors.evidence._parallel",
+    "TRANSCRIPT_PATTERNS": "braid_actors.evidence._paths",
+    "transcript_paths": "braid_actors.evidence._paths",
     "PRESETS": "braid_actors.evidence._policy",
     "CapturePolicy": "braid_actors.evidence._policy",
     "make_policy": "braid_actors.evidence._policy",
@@ -79,6 +82,7 @@ __all__ = [
     "MAX_OBJECT_BYTES",
     "PARALLEL_MIN_BYTES",
     "PRESETS",
+    "TRANSCRIPT_PATTERNS",
     "CapturePolicy",
     "EvidenceApp",
     "EvidenceServer",
@@ -91,5 +95,6 @@ __all__ = [
     "make_app",
     "make_policy",
     "serve_evidence",
+    "transcript_paths",
     "worker_count",
 ]

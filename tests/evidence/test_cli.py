@@ -38,6 +38,7 @@ def test_ingest_prints_each_source_coverage(
     assert out.startswith("run run_cli\n")
     assert "claude_code  session 55604662-cf2a-4331-851a-ec234028f8ca  ok  lines 1-15" in out
     assert "read 15 parsed 15 stored 18 duplicates 0" in out
+    assert out.endswith("\n1 file, 1 source: ok 1\n")
     assert _run(["evidence", "ingest", str(SHORT), "--run", "run_cli"], tmp_path) == 0
     assert "stored 0 duplicates 18" in capsys.readouterr().out
 
@@ -89,4 +90,6 @@ def test_ingest_of_many_files_prints_what_one_ingest_after_the_other_prints(
     with EvidenceStore.open(tmp_path / "seq") as store:
         reports = [store.ingest(path, run_id="run_many") for path in paths]
     lines = [cli._line(s.coverage, s.summary) for r in reports for s in r.sources]
-    assert printed == "run run_many\n" + "".join(f"{line}\n" for line in lines)
+    assert {s.coverage["status"] for r in reports for s in r.sources} == {"ok"}
+    totals = f"{len(paths)} files, {len(lines)} sources: ok {len(lines)}\n"
+    assert printed == "run run_many\n" + "".join(f"{line}\n" for line in lines) + totals
