@@ -9,10 +9,13 @@ digest of the pre-redaction input and its ``digest_scope``), or unavailable (ove
 source into an entry or a source record (ids, names, paths, versions) is redacted too.
 
 Identities: ``Source.id`` = ``src_`` + digest of (run, harness, file, session);
-``source_key`` = ``<source id>:<line>:<ordinal>``; ``Entry.id`` = ``ctx_`` + digest of
-(run, source key). ``object_hash`` is the digest of the entry without ``object_hash``,
-``created_at`` and ``source`` (which it names by ``source_id``), so an unchanged record
-re-ingested has the same hash (a duplicate) and a changed one becomes a new revision.
+``source_key`` = ``<source id>:<line>:<ordinal>``; ``Entry.id`` = ``ctx_`` + 16 hex of the
+digest of (run, source id) + ``_<line>_<ordinal>`` (:func:`source_entry_id`), so a source's
+entries are neighbours in every index keyed by entry id; a run recorded before schema 3
+keeps ``ctx_`` + digest of (run, source key) (:func:`entry_id`) for all its entries.
+``object_hash`` is the digest of the entry without ``object_hash``, ``created_at`` and
+``source`` (which it names by ``source_id``), so an unchanged record re-ingested has the
+same hash (a duplicate) and a changed one becomes a new revision.
 """
 
 from __future__ import annotations
@@ -127,7 +130,27 @@ def source_id(run_id: str, harness: str, path_key: str, session_id: str) -> str:
     return "src_" + _short([run_id, harness, path_key, session_id], 24)
 
 
+def source_entry_id(prefix: str, line: int, ordinal: int) -> str:
+    """The id of a source's entry: ``prefix`` (:func:`entry_id_prefix` of the source) and
+    its place in the file.
+
+    Every entry id of a file shares the prefix, so the entries and links a pass writes land
+    together in the indexes keyed by entry id (``entries_id``, the links' primary key). With
+    a digest per entry each landed on a page of its own: a commit wrote one page per entry
+    and per link, more as the run grew (Claude Code files of the evidence bench, one run:
+    50 to 164 pages of 16 KiB per file, 809 MB of WAL for a 100 MB database).
+    """
+    return f"{prefix}{line}_{ordinal}"
+
+
+def entry_id_prefix(run_id: str, source_id: str) -> str:
+    """``ctx_`` + 16 hex of the digest of (run, source id) + ``_``: 64 bits, which the run's
+    sources do not share (a collision among a run's sources would need about 2**32 of them)."""
+    return "ctx_" + _short([run_id, source_id], 16) + "_"
+
+
 def entry_id(run_id: str, source_key: str) -> str:
+    """The entry id of a run recorded before schema 3 (``_schema.ENTRY_IDS``)."""
     # The canonical JSON of the pair, spelled out: the same bytes ``digest`` hashes (json's
     # own string encoder), without a general encoder call per entry.
     pair = "[" + encode_basestring(run_id) + "," + encode_basestring(source_key) + "]"

@@ -20,7 +20,7 @@ from ._claude import parse_claude
 from ._codex import parse_codex
 from ._gemini import parse_gemini, split_gemini
 from ._local import parse_local
-from ._materialize import EntryRow, Materializer, entry_id
+from ._materialize import EntryRow, Materializer, entry_id, entry_id_prefix, source_entry_id
 from ._parsed import LineSplit, Outcome
 from ._policy import CapturePolicy
 
@@ -46,6 +46,8 @@ class FileRows:
     """``(boundary, boundary_hash, cursor, cursor_hash)`` of this run, if recorded."""
     others: tuple[tuple[int, str], ...]
     """``(cursor, cursor_hash)`` of the other runs, longest cursor first."""
+    legacy_ids: bool = False
+    """The run was recorded before schema 3: its entry ids are ``_materialize.entry_id``'s."""
 
 
 def file_rows(conn: sqlite3.Connection, run_id: str, path_key: str) -> FileRows:
@@ -58,9 +60,11 @@ def file_rows(conn: sqlite3.Connection, run_id: str, path_key: str) -> FileRows:
         "SELECT cursor, cursor_hash FROM files WHERE path_key=? AND run_id<>? ORDER BY cursor DESC",
         (path_key, run_id),
     ).fetchall()
+    run = conn.execute("SELECT entry_ids FROM runs WHERE run_id=?", (run_id,)).fetchone()
     return FileRows(
         None if row is None else (int(row[0]), str(row[1]), int(row[2]), str(row[3])),
         tuple((int(r[0]), str(r[1])) for r in others),
+        legacy_ids=run is not None and run[0] is None,
     )
 
 
@@ -148,10 +152,14 @@ def prepare(
         lines={line.number: line for line in split.lines},
     )
     sources = {key: mat.source(outcome, info) for key, info in outcome.sessions.items()}
-    ids = {
-        d.key: entry_id(run_id, f"{sources[d.session]['id']}:{d.line}:{d.ordinal}")
-        for d in outcome.drafts
-    }
+    if files.legacy_ids:
+        ids = {
+            d.key: entry_id(run_id, f"{sources[d.session]['id']}:{d.line}:{d.ordinal}")
+            for d in outcome.drafts
+        }
+    else:
+        prefix = {key: entry_id_prefix(run_id, source["id"]) for key, source in sources.items()}
+        ids = {d.key: source_entry_id(prefix[d.session], d.line, d.ordinal) for d in outcome.drafts}
     rows = [row for d in outcome.drafts if (row := mat.entry(d, sources[d.session], ids))]
     cursor = split.complete_end
     view = memoryview(data)

@@ -16,6 +16,7 @@ from braid_actors.errors import EvidenceInvalidArgument
 
 from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
+from ._schema import ENTRY_IDS
 
 
 @attrs.frozen
@@ -118,8 +119,8 @@ def run_policy(
 def ensure_run(conn: sqlite3.Connection, run_id: str, policy: CapturePolicy, now: str) -> None:
     body = json.dumps(policy.to_wire(), sort_keys=True)
     conn.execute(
-        "INSERT OR IGNORE INTO runs(run_id, created_at, policy) VALUES (?,?,?)",
-        (run_id, now, body),
+        "INSERT OR IGNORE INTO runs(run_id, created_at, policy, entry_ids) VALUES (?,?,?,?)",
+        (run_id, now, body, ENTRY_IDS),
     )
     conn.execute("UPDATE runs SET policy=? WHERE run_id=? AND policy IS NULL", (body, run_id))
 

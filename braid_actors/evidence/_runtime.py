@@ -34,6 +34,7 @@ from braid_actors.model import canonical_json, digest, format_time, parse_time
 
 from ._links import rebuild_runtime_links
 from ._paging import check_run
+from ._schema import ENTRY_IDS
 
 if TYPE_CHECKING:
     import sqlite3
@@ -71,7 +72,10 @@ class ProcessObservation:
 
 def set_capture(conn: sqlite3.Connection, run_id: str, state: str, now: str) -> None:
     """Record that runtime capture is ``enabled`` or ``disabled`` for a run."""
-    conn.execute("INSERT OR IGNORE INTO runs(run_id, created_at) VALUES (?, ?)", (run_id, now))
+    conn.execute(
+        "INSERT OR IGNORE INTO runs(run_id, created_at, entry_ids) VALUES (?, ?, ?)",
+        (run_id, now, ENTRY_IDS),
+    )
     if state == "enabled":
         conn.execute(
             "UPDATE runs SET runtime_capture='enabled', runtime_started_at="

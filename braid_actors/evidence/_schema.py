@@ -4,9 +4,11 @@ Tables (bodies are redacted JSON; no column ever holds an unredacted source stri
 
     meta(name PRIMARY KEY, value)            schema_version, cursor_key (hex, 32 random bytes)
     runs(run_id PRIMARY KEY, created_at, policy, runtime_capture, runtime_started_at,
-         runtime_ended_at)                   policy = CapturePolicy wire JSON, set by the
+         runtime_ended_at, entry_ids)        policy = CapturePolicy wire JSON, set by the
                                              first ingest and immutable; runtime_capture =
-                                             null (never recorded), enabled or disabled
+                                             null (never recorded), enabled or disabled;
+                                             entry_ids = ENTRY_IDS, or null for a run
+                                             recorded before schema 3 (its own ids)
     sources(pk, id UNIQUE, run_id, harness, session_id, agent_id, parent_session_id,
             path_key, body, updated_at)      body = Source wire JSON
     files(run_id, path_key, boundary, boundary_hash, cursor, cursor_hash, updated_at)
@@ -53,9 +55,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 DB_FILE: Final = "evidence.sqlite3"
-SCHEMA_VERSION: Final = "2"
-"""Schema 2 (entries indexes, see ``_ENTRY_INDEXES``); a schema 1 store is migrated when
-opened, any other version is refused (``store_unavailable``)."""
+SCHEMA_VERSION: Final = "3"
+"""Schema 3 (``runs.entry_ids``); schema 2 (entries indexes, see ``_ENTRY_INDEXES``) and 1
+stores are migrated when opened, any other version is refused (``store_unavailable``)."""
+ENTRY_IDS: Final = "source"
+"""``runs.entry_ids`` of a run created since schema 3: its entry ids begin with their
+source's prefix (``_materialize.source_entry_id``). A run recorded before keeps the digest
+ids it has (``_materialize.entry_id``), so a new revision keeps its entry's id."""
 CACHE_KIB: Final = 65_536
 """Page cache of each connection, in KiB (SQLite's default is 2,000). An ingest touches
 index leaves all over the entries, objects and links indexes; with the default cache most
@@ -101,7 +107,7 @@ _DDL: Final = """
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs(
     run_id TEXT PRIMARY KEY, created_at TEXT NOT NULL, policy TEXT,
-    runtime_capture TEXT, runtime_started_at TEXT, runtime_ended_at TEXT);
+    runtime_capture TEXT, runtime_started_at TEXT, runtime_ended_at TEXT, entry_ids TEXT);
 CREATE TABLE IF NOT EXISTS sources(
     pk INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, run_id TEXT NOT NULL,
     harness TEXT NOT NULL, session_id TEXT NOT NULL, agent_id TEXT, parent_session_id TEXT,
@@ -193,8 +199,8 @@ def connect(home: Path) -> sqlite3.Connection:
                 "INSERT INTO meta(name, value) VALUES ('schema_version', ?), ('cursor_key', ?)",
                 (SCHEMA_VERSION, secrets.token_hex(32)),
             )
-        elif row["value"] == "1":
-            _migrate_from_1(conn)
+        elif row["value"] in _OLDER:
+            _upgrade(conn, row["value"])
         elif row["value"] != SCHEMA_VERSION:
             conn.close()
             raise EvidenceStoreUnavailable(
@@ -207,27 +213,44 @@ def connect(home: Path) -> sqlite3.Connection:
     return conn
 
 
-def _migrate_from_1(conn: sqlite3.Connection) -> None:
-    """Schema 1 -> 2 in one transaction: the entries table is rebuilt without its
-    ``UNIQUE(run_id, source_key, revision)`` (``entries_key`` is the same constraint) and
-    loses ``entries_page`` and ``entries_source``; rows, primary keys and bodies are copied
-    as they are. Another connection that migrated first leaves nothing to do."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
-        if row["value"] == "1":
-            columns = ", ".join(_ENTRY_COLUMNS)
-            conn.execute("ALTER TABLE entries RENAME TO entries_v1")
-            conn.execute(_ENTRIES_TABLE)
-            conn.execute(
-                f"INSERT INTO entries({columns}) SELECT {columns} FROM entries_v1 ORDER BY pk"
-            )
-            conn.execute("DROP TABLE entries_v1")
-            conn.execute("UPDATE meta SET value=? WHERE name='schema_version'", (SCHEMA_VERSION,))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+def _entries_without_unique(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2: the entries table is rebuilt without its ``UNIQUE(run_id, source_key,
+    revision)`` (``entries_key`` is the same constraint) and loses ``entries_page`` and
+    ``entries_source``; rows, primary keys and bodies are copied as they are."""
+    columns = ", ".join(_ENTRY_COLUMNS)
+    conn.execute("ALTER TABLE entries RENAME TO entries_v1")
+    conn.execute(_ENTRIES_TABLE)
+    conn.execute(f"INSERT INTO entries({columns}) SELECT {columns} FROM entries_v1 ORDER BY pk")
+    conn.execute("DROP TABLE entries_v1")
+
+
+def _runs_entry_ids(conn: sqlite3.Connection) -> None:
+    """Schema 2 -> 3: ``runs.entry_ids``, null for every run there is (their ids stay)."""
+    conn.execute("ALTER TABLE runs ADD COLUMN entry_ids TEXT")
+
+
+_MIGRATIONS: Final = (("1", "2", _entries_without_unique), ("2", "3", _runs_entry_ids))
+"""Each step: the version it starts from, the one it leaves, and the change."""
+_OLDER: Final = frozenset(start for start, _, _ in _MIGRATIONS)
+
+
+def _upgrade(conn: sqlite3.Connection, version: str) -> None:
+    """Migrate from ``version`` to :data:`SCHEMA_VERSION`, a step per transaction; a step
+    another connection made first is not made again."""
+    for start, end, change in _MIGRATIONS:
+        if version != start:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+            if row["value"] == start:
+                change(conn)
+                conn.execute("UPDATE meta SET value=? WHERE name='schema_version'", (end,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version = end
 
 
 def refresh_statistics(conn: sqlite3.Connection, analyzed_rows: int) -> int:

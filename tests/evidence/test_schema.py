@@ -1,7 +1,8 @@
-"""The evidence database's schema version: a schema 1 store is migrated, others refused."""
+"""The evidence database's schema version: schema 1 and 2 stores are migrated, others refused."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from braid_actors.evidence import EvidenceStore
 from braid_actors.evidence._schema import (
     CACHE_KIB,
     DB_FILE,
+    ENTRY_IDS,
     PAGE_SIZE,
     SCHEMA_VERSION,
     connect,
@@ -42,15 +44,41 @@ CREATE INDEX entries_content ON entries(run_id, content_ref);
 """The entries table and indexes of schema 1, as its stores have them."""
 
 
-def _ingest_fixtures(home: Path) -> list[Path]:
+LEGACY_ID = re.compile(r"ctx_[0-9a-f]{32}")
+"""An entry id of a run recorded before schema 3: the digest of (run, source key)."""
+
+
+def _ingest_fixtures(home: Path, *, legacy: bool = False) -> list[Path]:
+    """Every Claude Code and Codex fixture into ``RUN``; ``legacy``: a run recorded before
+    schema 3 (its ``runs`` row as the migration leaves it, ``entry_ids`` null)."""
     paths = [
         *sorted((FIXTURES / "claude-code").rglob("*.jsonl")),
         *sorted((FIXTURES / "codex").rglob("*.jsonl")),
     ]
     with EvidenceStore.open(home) as store:
+        if legacy:
+            with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
+                conn.execute("INSERT INTO runs(run_id, created_at) VALUES (?, '')", (RUN,))
         for path in paths:
             store.ingest(path, run_id=RUN)
     return paths
+
+
+def _make_v2(home: Path) -> None:
+    """Turn a store into what schema 2 wrote: ``runs`` without ``entry_ids``."""
+    with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN entry_ids")
+        conn.execute("UPDATE meta SET value='2' WHERE name='schema_version'")
+
+
+def _ids(home: Path) -> dict[str, list[tuple[str, int, int]]]:
+    """``(id, sequence, ordinal)`` of every entry, by source key's source id."""
+    with closing(sqlite3.connect(home / DB_FILE)) as conn:
+        rows = conn.execute("SELECT id, source_key, sequence, ordinal FROM entries ORDER BY pk")
+        out: dict[str, list[tuple[str, int, int]]] = {}
+        for entry, key, sequence, ordinal in rows:
+            out.setdefault(key.split(":")[0], []).append((entry, sequence, ordinal))
+        return out
 
 
 def _pages(store: EvidenceStore) -> list[dict[str, Any]]:
@@ -78,6 +106,7 @@ def _entry_indexes(home: Path) -> set[str]:
 
 def _make_v1(home: Path) -> None:
     """Turn a store into what schema 1 wrote: the same rows in the old table."""
+    _make_v2(home)
     with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
         conn.execute("BEGIN")
         conn.execute("ALTER TABLE entries RENAME TO entries_v2")
@@ -94,7 +123,7 @@ def _make_v1(home: Path) -> None:
 
 def test_a_schema_1_store_is_migrated_with_every_row_as_it_was(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    paths = _ingest_fixtures(home)
+    paths = _ingest_fixtures(home, legacy=True)
     with EvidenceStore.open(home) as store:
         pages = _pages(store)
     rows = _rows(home)
@@ -113,7 +142,7 @@ def test_a_schema_1_store_is_migrated_with_every_row_as_it_was(tmp_path: Path) -
     assert _entry_indexes(home) == new_indexes
     with closing(sqlite3.connect(home / DB_FILE)) as conn:
         (version,) = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
-        assert version == SCHEMA_VERSION == "2"
+        assert version == SCHEMA_VERSION == "3"
         # The revision constraint holds as schema 1's did.
         first = rows[0]
         with pytest.raises(sqlite3.IntegrityError):
@@ -125,6 +154,50 @@ def test_a_schema_1_store_is_migrated_with_every_row_as_it_was(tmp_path: Path) -
             "FROM entries WHERE pk=?",
             (first[0],),
         )
+
+
+def test_a_schema_2_store_keeps_its_runs_ids_and_its_new_runs_get_source_ids(
+    tmp_path: Path,
+) -> None:
+    """Migrated from schema 2, a run keeps its digest entry ids (re-ingesting its files stores
+    nothing, as every row is a duplicate), while a run created afterwards gets source ids."""
+    home = tmp_path / "home"
+    paths = _ingest_fixtures(home, legacy=True)
+    _make_v2(home)
+    rows = _rows(home)
+    assert all(LEGACY_ID.fullmatch(row[1]) for row in rows)
+    with EvidenceStore.open(home) as store:
+        for path in paths:
+            for source in store.ingest(path, run_id=RUN).sources:
+                assert source.coverage["counts"]["stored"] == 0
+        store.ingest(paths[1], run_id="run_after", resume_offset=0)  # (not prior context)
+    with closing(sqlite3.connect(home / DB_FILE)) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone() == (
+            "3",
+        )
+        runs = dict(conn.execute("SELECT run_id, entry_ids FROM runs"))
+    assert runs == {RUN: None, "run_after": ENTRY_IDS}
+    after = [row for row in _rows(home) if row[2] == "run_after"]
+    assert after
+    assert not any(LEGACY_ID.fullmatch(row[1]) for row in after)
+    assert _rows(home)[: len(rows)] == rows
+
+
+def test_a_runs_entry_ids_begin_with_their_sources_prefix(tmp_path: Path) -> None:
+    """A file's entries share an id prefix of their own (neighbours in the indexes keyed by
+    entry id), end with their place in the file, and are the same in another store."""
+    _ingest_fixtures(tmp_path / "a")
+    by_source = _ids(tmp_path / "a")
+    assert len(by_source) > 10
+    prefixes = set()
+    for entries in by_source.values():
+        (prefix,) = {entry.rsplit("_", 2)[0] for entry, _, _ in entries}
+        assert re.fullmatch(r"ctx_[0-9a-f]{16}", prefix)
+        assert all(entry == f"{prefix}_{seq}_{ordinal}" for entry, seq, ordinal in entries)
+        prefixes.add(prefix)
+    assert len(prefixes) == len(by_source)
+    _ingest_fixtures(tmp_path / "b")
+    assert _ids(tmp_path / "b") == by_source
 
 
 def test_an_unknown_schema_version_is_refused_with_a_stable_code(tmp_path: Path) -> None:
