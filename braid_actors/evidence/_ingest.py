@@ -28,12 +28,13 @@ from braid_actors.errors import EvidenceInvalidArgument
 
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
-from ._links import PassChanges, put_file_links, rebuild_run_links
+from ._links import put_file_links
 from ._materialize import CURRENT, PRIOR, EntryRow, entry_text
 from ._objects import ObjectStore
 from ._parsed import split_lines
 from ._prepare import FileRows, Prepared, file_rows, prepare
 from ._rows import IngestReport, Rows, SourceReport, ensure_run, run_policy, transaction
+from ._run_links import PassChanges, rebuild_run_links
 from ._unparsed import unparsed, unsupported
 
 if TYPE_CHECKING:
@@ -514,14 +515,18 @@ def _changes(
         for src in sources.values()
     )
     members = [
-        (row.id, row.kind, src["id"], src["agent_id"])
+        (row.id, row.kind, src["id"], src["session_id"], src["agent_id"])
         for row in inserted
         if (src := sources[row.session]).get("agent_id")
     ]
-    agents = {src["agent_id"] for src in sources.values() if src.get("agent_id")}
-    agents.update(agent for agent in agents_before.values() if agent)
+    # Subagents are (session, agent id); a source's session never changes (its id names it).
+    agents = {
+        (src["session_id"], src["agent_id"]) for src in sources.values() if src.get("agent_id")
+    }
+    session_of = {src["id"]: src["session_id"] for src in sources.values()}
+    agents.update((session_of[source], agent) for source, agent in agents_before.items() if agent)
     agents.update(
-        redactor.clean(action.agent_id)
+        (sources[action.session]["session_id"], redactor.clean(action.agent_id))
         for action in outcome.actions
         if action.kind == "task_agent" and action.agent_id
     )

@@ -28,7 +28,7 @@ from braid_actors.model import new_id
 from . import _runtime
 from ._gcpause import collection_paused
 from ._ingest import Ingest
-from ._links import compaction_boundary, entry_links
+from ._links import entry_links
 from ._materialize import SCHEMA
 from ._objects import REF_RE, ObjectStore
 from ._paging import DEFAULT_LIMIT, CursorCodec, EntryFilters, check_run, entries_page
@@ -37,6 +37,7 @@ from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
 from ._relations import session_relations
 from ._rows import run_policy
+from ._run_links import compaction_boundary
 from ._schema import connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
@@ -381,21 +382,22 @@ class EvidenceStore:
         """
         with self._guard():
             run_id = check_run(self._conn, run_id)
-            sidechains: dict[str, list[str]] = {}
+            # A subagent is its (session, agent id): see ``_links.Agent``.
+            sidechains: dict[tuple[str, str], list[str]] = {}
             for row in self._conn.execute(
-                "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL "
-                "ORDER BY pk",
+                "SELECT id, session_id, agent_id FROM sources WHERE run_id=? "
+                "AND agent_id IS NOT NULL ORDER BY pk",
                 (run_id,),
             ):
-                sidechains.setdefault(row["agent_id"], []).append(row["id"])
+                sidechains.setdefault((row["session_id"], row["agent_id"]), []).append(row["id"])
             links: list[dict[str, Any]] = []
-            named: set[str] = set()
+            named: set[tuple[str, str]] = set()
             for action in self._conn.execute(
                 "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
             ):
                 agent = action["agent_id"]
-                named.add(agent)
-                found = sidechains.get(agent, [])
+                named.add((action["session_id"], agent))
+                found = sidechains.get((action["session_id"], agent), [])
                 links.append(
                     {
                         "agent_id": agent,
@@ -407,8 +409,8 @@ class EvidenceStore:
                         "status": "linked" if found else "agent_source_missing",
                     }
                 )
-            for agent, ids in sidechains.items():
-                if agent in named:
+            for (session, agent), ids in sidechains.items():
+                if (session, agent) in named:
                     continue
                 link: dict[str, Any] = {"agent_id": agent, "agent_source_ids": ids}
                 compact = agent.startswith("acompact")

@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from braid_actors.evidence import EvidenceStore
-from braid_actors.evidence._links import rebuild_run_links
 from braid_actors.evidence._materialize import entry_id, object_digest
 from braid_actors.evidence._redact import BUILTIN_PATTERNS, Redactor
+from braid_actors.evidence._run_links import rebuild_run_links
 from braid_actors.model import digest
 
 from ._helpers import FIXTURES, claude_line, jsonl

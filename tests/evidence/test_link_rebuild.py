@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from braid_actors.evidence import EvidenceStore
-from braid_actors.evidence._links import RUN_KINDS, compaction_boundary, relation_of
+from braid_actors.evidence._links import RUN_KINDS, relation_of
+from braid_actors.evidence._run_links import compaction_boundary
 
 from ._helpers import FIXTURES, claude_line, codex_line, codex_meta, jsonl
 
@@ -47,19 +48,21 @@ def _members(conn: sqlite3.Connection, source_ids: list[str]) -> list[sqlite3.Ro
 
 def _plain_rows(conn: sqlite3.Connection, run_id: str) -> list[Row]:
     out: list[Row] = []
-    sidechains: dict[str, list[str]] = {}
+    # A subagent is its session and agent id: a call links its own session's sidechains.
+    sidechains: dict[tuple[str, str], list[str]] = {}
     for row in conn.execute(
-        "SELECT id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL ORDER BY pk",
+        "SELECT id, session_id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL "
+        "ORDER BY pk",
         (run_id,),
     ):
-        sidechains.setdefault(row["agent_id"], []).append(row["id"])
-    named: set[str] = set()
+        sidechains.setdefault((row["session_id"], row["agent_id"]), []).append(row["id"])
+    named: set[tuple[str, str]] = set()
     for action in conn.execute(
         "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
     ).fetchall():
         agent, call = action["agent_id"], action["entry_id"]
-        named.add(agent)
-        ids = sidechains.get(agent, [])
+        named.add((action["session_id"], agent))
+        ids = sidechains.get((action["session_id"], agent), [])
         if not ids:
             continue
         kind = conn.execute(
@@ -81,8 +84,8 @@ def _plain_rows(conn: sqlite3.Connection, run_id: str) -> list[Row]:
             if member is members[0]:
                 back = relation_of(member["kind"])
                 out.append((run_id, call, member["id"], "task_agent", back, evidence))
-    for agent, ids in sidechains.items():
-        if agent in named or not agent.startswith("acompact"):
+    for (session, agent), ids in sidechains.items():
+        if (session, agent) in named or not agent.startswith("acompact"):
             continue
         boundary = compaction_boundary(conn, run_id, ids)
         if boundary is None:
@@ -178,14 +181,17 @@ def _check(home: Path, run_id: str) -> int:
 _SESSION = re.compile(rb'"sessionId":"([0-9a-f-]{36})"')
 
 
-def _copies(tmp: Path, count: int) -> list[Path]:
-    """The Claude Code fixtures ``count`` times, each copy with its own session ids (file
-    names too) but the same agent ids, so every copy's sidechains share their agents."""
+def _copies(tmp: Path, count: int, *, own_sessions: bool = True) -> list[Path]:
+    """The Claude Code fixtures ``count`` times with the same agent ids. With
+    ``own_sessions`` each copy has its own session ids (file names too): its agents are
+    other subagents than the other copies' of the same ids. Without, the copies are the same
+    sessions in other folders: every copy's sidechains and ``Task`` calls share their
+    subagents."""
     files = sorted((FIXTURES / "claude-code").rglob("*.jsonl"))
     sessions = {m for path in files for m in _SESSION.findall(path.read_bytes())}
     out: list[Path] = []
     for copy in range(count):
-        mapping = {s.decode(): f"{copy:08x}{s.decode()[8:]}" for s in sessions}
+        mapping = {s.decode(): f"{copy:08x}{s.decode()[8:]}" for s in sessions if own_sessions}
         for path in files:
             data = path.read_text(encoding="utf-8")
             rel = str(path.relative_to(FIXTURES))
@@ -198,9 +204,13 @@ def _copies(tmp: Path, count: int) -> list[Path]:
     return out
 
 
+@pytest.mark.parametrize("own_sessions", [True, False])
 @pytest.mark.parametrize("order", ["agents_first", "parents_first"])
-def test_rebuild_is_the_plain_rebuild_with_shared_agents(tmp_path: Path, order: str) -> None:
-    files = sorted(_copies(tmp_path / "in", 3), key=lambda p: ("agent-" in p.name, str(p)))
+def test_rebuild_is_the_plain_rebuild_with_shared_agents(
+    tmp_path: Path, order: str, own_sessions: bool
+) -> None:
+    copies = _copies(tmp_path / "in", 3, own_sessions=own_sessions)
+    files = sorted(copies, key=lambda p: ("agent-" in p.name, str(p)))
     if order == "agents_first":
         files.reverse()
     home = tmp_path / "home"
@@ -384,3 +394,29 @@ def test_rebuild_after_a_changed_agent_a_revised_call_and_a_nested_call(tmp_path
         jsonl(grandchild, [said("g1", "ccc333")])
         ingest(grandchild)
     assert counts[1] > 0 and counts[2] == 0 and counts[3] > 0 and counts[-1] > counts[3]
+
+
+def test_a_call_and_a_boundary_link_only_their_own_sessions_subagents(tmp_path: Path) -> None:
+    """Two copies of the Claude Code fixtures with their own session ids but the same
+    (short) agent ids: every ``task_agent`` and ``compaction_agent`` link joins entries of
+    one session, and two copies hold twice the links of one, not four times."""
+    counts = []
+    for copies in (1, 2):
+        home = tmp_path / f"home{copies}"
+        with EvidenceStore.open(home) as store:
+            for path in _copies(tmp_path / f"in{copies}", copies):
+                store.ingest(path, run_id="run_own")
+        with closing(sqlite3.connect(home / "evidence.sqlite3")) as conn:
+            rows = conn.execute(
+                "SELECT l.kind, a.session_id, b.session_id FROM links l "
+                "JOIN entries ea ON ea.run_id = l.run_id AND ea.id = l.entry_id "
+                "JOIN sources a ON a.pk = ea.source_pk "
+                "JOIN entries eb ON eb.run_id = l.run_id AND eb.id = l.node_id "
+                "JOIN sources b ON b.pk = eb.source_pk "
+                "WHERE l.kind IN ('task_agent', 'compaction_agent') AND ea.latest = 1 "
+                "AND eb.latest = 1"
+            ).fetchall()
+        assert {kind for kind, _, _ in rows} == {"task_agent", "compaction_agent"}
+        assert all(one == other for _, one, other in rows)
+        counts.append(len(rows))
+    assert counts[1] == 2 * counts[0]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from braid_actors.evidence import EvidenceStore
-from braid_actors.evidence._links import rebuild_run_links
+from braid_actors.evidence._run_links import rebuild_run_links
 
 from ._helpers import FIXTURES
 
