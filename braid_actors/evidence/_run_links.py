@@ -36,11 +36,8 @@ def _task_evidence(action: sqlite3.Row, agent_source: str) -> str:
 
 
 Agent = tuple[str, str]
-"""A subagent of a run: ``(session id, agent id)``. Claude Code writes a subagent's
-sidechain with the session id of the session whose ``Task`` call started it, and agent ids
-are short (7 hex digits; a compaction agent's 6), so two sessions of one run can name the
-same agent id for two different subagents: a call and a compaction boundary are linked only
-to their own session's sidechains."""
+"""A subagent of a run: ``(session id, agent id)`` (see the module docstring). Agent ids
+are 7 hex digits (a compaction agent's 6): a large import's sessions share some by chance."""
 
 
 def _sidechains(
