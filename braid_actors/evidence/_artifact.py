@@ -39,6 +39,7 @@ from braid_actors.errors import EvidenceReadFailed
 
 from ._objects import REF_RE
 from ._paging import BODIES, check_run, entry_body, invalid
+from ._schema import cites
 
 if TYPE_CHECKING:
     import sqlite3
@@ -127,16 +128,8 @@ class _Reader:
         return self.missing("unavailable", "node_not_recorded")
 
     def cited(self, ref: str) -> bool:
-        """Whether the run cites ``ref`` as a stored body (the indexed column first; the
-        source-record and intent columns have no index, so they are read last)."""
-        for query in (
-            "SELECT 1 FROM entries WHERE run_id=?1 AND content_ref=?2 LIMIT 1",
-            "SELECT 1 FROM runtime_reports WHERE run_id=?1 AND ref=?2 LIMIT 1",
-            "SELECT 1 FROM entries WHERE run_id=?1 AND (raw_ref=?2 OR intent_ref=?2) LIMIT 1",
-        ):
-            if self.conn.execute(query, (self.run_id, ref)).fetchone() is not None:
-                return True
-        return False
+        """Whether the run cites ``ref`` as a stored body."""
+        return cites(self.conn, self.run_id, ref)
 
     def entry_id(self, revisions: list[dict[str, Any]]) -> dict[str, Any]:
         field = "content" if self.mode == "body" else "raw_content"

@@ -38,7 +38,7 @@ from ._redact import Redactor
 from ._relations import session_relations
 from ._rows import run_policy
 from ._run_links import compaction_boundary
-from ._schema import connect, cursor_key, refresh_statistics
+from ._schema import cites, connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,15 +52,6 @@ MAX_SOURCES: Final = 256
 AUTO_CHECKPOINT_PAGES: Final = 1000  # SQLite's default
 DEFAULT_CONTENT_LIMIT: Final = 65_536
 _T = TypeVar("_T")
-
-
-_CITED = (
-    "SELECT 1 FROM entries WHERE run_id=? AND content_ref=? LIMIT 1",
-    "SELECT 1 FROM runtime_reports WHERE run_id=? AND ref=? LIMIT 1",
-    "SELECT 1 FROM entries WHERE run_id=? AND raw_ref=? LIMIT 1",
-    "SELECT 1 FROM entries WHERE run_id=? AND intent_ref=? LIMIT 1",
-)
-"""Ways a run cites a stored body, cheapest first."""
 
 
 class EvidenceStore:
@@ -305,15 +296,9 @@ class EvidenceStore:
                 raise EvidenceInvalidArgument(
                     "limit must be an integer", details={"field": "limit"}
                 )
-            # One question per column, the indexed (and by far the most asked) one first:
-            # an OR over the three columns made SQLite scan the whole run for every read.
-            cited = None
-            for query in _CITED:
-                cited = self._conn.execute(query, (run_id, ref)).fetchone()
-                if cited is not None:
-                    break
+            cited = cites(self._conn, run_id, ref)
             meta = self._conn.execute("SELECT * FROM objects WHERE ref=?", (ref,)).fetchone()
-            if cited is None or meta is None:
+            if not cited or meta is None:
                 raise EvidenceContentNotFound("the run cites no stored content with this ref")
             page = self._objects.page(ref, offset, limit)
             return {

@@ -13,6 +13,7 @@ from braid_actors.errors import EvidenceStoreUnavailable
 from braid_actors.evidence import EvidenceStore
 from braid_actors.evidence._schema import (
     CACHE_KIB,
+    CITED,
     DB_FILE,
     ENTRY_IDS,
     PAGE_SIZE,
@@ -110,7 +111,7 @@ def _make_v1(home: Path) -> None:
     with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
         conn.execute("BEGIN")
         conn.execute("ALTER TABLE entries RENAME TO entries_v2")
-        for name in ("entries_key", "entries_id", "entries_tool", "entries_content"):
+        for name in sorted(_entry_indexes(home)):
             conn.execute(f"DROP INDEX {name}")
         for statement in _V1_ENTRIES.split(";"):
             if statement.strip():
@@ -128,7 +129,14 @@ def test_a_schema_1_store_is_migrated_with_every_row_as_it_was(tmp_path: Path) -
         pages = _pages(store)
     rows = _rows(home)
     new_indexes = _entry_indexes(home)
-    assert new_indexes == {"entries_key", "entries_id", "entries_tool", "entries_content"}
+    assert new_indexes == {
+        "entries_key",
+        "entries_id",
+        "entries_tool",
+        "entries_content",
+        "entries_raw",
+        "entries_intent",
+    }
     _make_v1(home)
     assert "entries_source" in _entry_indexes(home)
 
@@ -198,6 +206,21 @@ def test_a_runs_entry_ids_begin_with_their_sources_prefix(tmp_path: Path) -> Non
     assert len(prefixes) == len(by_source)
     _ingest_fixtures(tmp_path / "b")
     assert _ids(tmp_path / "b") == by_source
+
+
+def test_every_citation_check_is_answered_from_an_index(tmp_path: Path) -> None:
+    """``content`` asks whether the run cites a ref in each column that can hold one: every
+    question is an index search, never a scan of the run's entries."""
+    _ingest_fixtures(tmp_path / "home")
+    with closing(sqlite3.connect(tmp_path / "home" / DB_FILE)) as conn:
+        for query in CITED:
+            plan = " ".join(
+                row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", (RUN, "sha256:x"))
+            )
+            # The index's key holds the ref itself: not a walk through the run's rows.
+            assert re.fullmatch(
+                r"SEARCH \w+ USING (COVERING )?INDEX \w+ \(run_id=\? AND \w*ref=\?\)", plan
+            ), (query, plan)
 
 
 def test_an_unknown_schema_version_is_refused_with_a_stable_code(tmp_path: Path) -> None:
