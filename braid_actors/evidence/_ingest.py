@@ -28,7 +28,7 @@ from braid_actors.errors import EvidenceInvalidArgument
 
 from ._coverage import Tally, coverage_report
 from ._detect import HARNESSES, UNSUPPORTED, detect
-from ._links import put_file_links
+from ._links import LinkRow, file_link_rows, put_file_links
 from ._materialize import CURRENT, PRIOR, EntryRow, entry_text
 from ._objects import ObjectStore
 from ._parsed import split_lines
@@ -116,7 +116,7 @@ class Ingest(Rows):
                 resume_offset=resume_offset,
                 files=files,
             )
-            return done, self.ready(done)
+            return done, self.ready(run_id, done)
 
         files = file_rows(self.conn, run_id, path_key)
         prepared, counted = prepared_with(policy, files)
@@ -139,12 +139,14 @@ class Ingest(Rows):
             )
         return self.redactor.clean(str(path.resolve()))
 
-    def ready(self, prepared: Prepared) -> Ready:
+    def ready(self, run_id: str, prepared: Prepared) -> Ready:
         """What of the write can be computed before the file's write turn (pure): each
-        source's coverage tallies and the stored text of each row (with this pass's
-        ``created_at``), whether or not the row turns out to be new."""
+        source's coverage tallies, the stored text of each row (with this pass's
+        ``created_at``), whether or not the row turns out to be new, and the file links'
+        rows. (The turns' writes are the serial part of a parallel ingest.)"""
         texts = [entry_text(dict(row.body, created_at=self.now)) for row in prepared.rows]
-        return Ready(tallies(prepared), texts)
+        links = file_link_rows(run_id, prepared.outcome.links, prepared.rows, self.redactor.clean)
+        return Ready(tallies(prepared), texts, links)
 
     def store(self, run_id: str, prepared: Prepared, counted: Ready) -> IngestReport:
         """Write a prepared file (inside the caller's transaction) and report its coverage
@@ -158,7 +160,7 @@ class Ingest(Rows):
         written, inserted, revised, known = self._put_entries(run_id, rows, counted.texts, pks)
         self._put_objects(p)
         calls = self._put_actions(run_id, outcome, rows, sources)
-        put_file_links(self.conn, run_id, outcome.links, rows, known, self.redactor.clean)
+        put_file_links(self.conn, run_id, counted.links, known)
         if was_linked or _may_link(sources, outcome, inserted):
             changes = _changes(
                 sources, agents_before, inserted, revised, calls, outcome, self.redactor
@@ -473,6 +475,8 @@ class Ready:
     tallies: Tallies
     texts: list[str]
     """The stored text of each of the prepared rows, in order."""
+    links: list[LinkRow]
+    """The file links' rows (``_links.file_link_rows``)."""
 
 
 def _may_link(

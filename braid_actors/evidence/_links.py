@@ -72,9 +72,7 @@ def _evidence(**fields: Any) -> str:
         return _EVIDENCE.encode(fields)
 
 
-def _insert(
-    conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, str, str | None, str]]
-) -> None:
+def _insert(conn: sqlite3.Connection, rows: Iterable[LinkRow]) -> None:
     conn.executemany(
         "INSERT OR IGNORE INTO links(run_id, entry_id, node_id, kind, relation, evidence) "
         "VALUES (?,?,?,?,?,?)",
@@ -82,32 +80,17 @@ def _insert(
     )
 
 
-def put_file_links(
-    conn: sqlite3.Connection,
-    run_id: str,
-    links: list[Link],
-    rows: list[EntryRow],
-    held: list[str],
-    clean: Callable[[str], str],
-) -> None:
-    """Replace the file links of these entries by the parser's links between stored rows.
+LinkRow = tuple[str, str, str, str, str | None, str]
+"""A links row: ``(run_id, entry_id, node_id, kind, relation, evidence)``."""
 
-    ``held`` are the ids of the rows whose source key the run held before this pass: only
-    they can have file links already (an entry id is the digest of the run and the source
-    key, entries are never deleted, and file links are written between a pass's rows only),
-    so only theirs are deleted first.
-    """
+
+def file_link_rows(
+    run_id: str, links: list[Link], rows: list[EntryRow], clean: Callable[[str], str]
+) -> list[LinkRow]:
+    """The rows of the parser's links between a pass's entries (pure: computed before the
+    file's write turn, see ``Ingest.ready``)."""
     by_key = {(row.sequence, row.ordinal): row for row in rows}
-    ids = held
-    marks = ",".join("?" * len(FILE_KINDS))
-    for start in range(0, len(ids), _CHUNK):
-        chunk = ids[start : start + _CHUNK]
-        conn.execute(
-            f"DELETE FROM links WHERE run_id=? AND kind IN ({marks}) "
-            f"AND entry_id IN ({','.join('?' * len(chunk))})",
-            (run_id, *FILE_KINDS, *chunk),
-        )
-    out: list[tuple[str, str, str, str, str | None, str]] = []
+    out: list[LinkRow] = []
     for link in links:
         one, other = by_key.get(link.source), by_key.get(link.target)
         if one is None or other is None or one.id == other.id:
@@ -121,7 +104,28 @@ def put_file_links(
         out.append((run_id, one.id, other.id, link.kind, relation_of(other.kind), evidence))
         if link.kind == "tool_result":
             out.append((run_id, other.id, one.id, link.kind, relation_of(one.kind), evidence))
-    _insert(conn, out)
+    return out
+
+
+def put_file_links(
+    conn: sqlite3.Connection, run_id: str, rows: list[LinkRow], held: list[str]
+) -> None:
+    """Replace the file links of a pass's entries by ``rows`` (:func:`file_link_rows`).
+
+    ``held`` are the ids of the entries whose source key the run held before this pass:
+    only they can have file links already (an entry id is a function of the run and the
+    source key, entries are never deleted, and file links are written between a pass's
+    rows only), so only theirs are deleted first.
+    """
+    marks = ",".join("?" * len(FILE_KINDS))
+    for start in range(0, len(held), _CHUNK):
+        chunk = held[start : start + _CHUNK]
+        conn.execute(
+            f"DELETE FROM links WHERE run_id=? AND kind IN ({marks}) "
+            f"AND entry_id IN ({','.join('?' * len(chunk))})",
+            (run_id, *FILE_KINDS, *chunk),
+        )
+    _insert(conn, rows)
 
 
 def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
