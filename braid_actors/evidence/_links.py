@@ -27,8 +27,9 @@ or timing. The kinds:
 ``context_tool_call`` when it is a tool-call entry, ``context_tool_result`` when it is a
 tool-result entry, and null otherwise. The spec has no relation for other destinations, so
 rows with a null relation are recorded but not served. File links are replaced for the
-file's entries on every ingest and run links rebuilt (the last three kinds before runtime,
-``_run_links``), so re-ingesting is idempotent.
+file's entries on every ingest, and the run's cross-file links (``task_agent``,
+``compaction_agent``, ``session_delegation``) rebuilt by ``_run_links``, so re-ingesting is
+idempotent.
 """
 
 from __future__ import annotations

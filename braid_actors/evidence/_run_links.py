@@ -40,31 +40,38 @@ Agent = tuple[str, str]
 are 7 hex digits (a compaction agent's 6): a large import's sessions share some by chance."""
 
 
-def _sidechains(
+def _in_sessions(
+    query: str, run_id: str, sessions: frozenset[str] | None
+) -> tuple[str, tuple[str, ...]]:
+    """``query`` (``... WHERE run_id=?``) narrowed to rows of ``sessions`` when given."""
+    if sessions is None:
+        return query, (run_id,)
+    return f"{query} AND session_id IN ({','.join('?' * len(sessions))})", (run_id, *sessions)
+
+
+def sidechains(
     conn: sqlite3.Connection, run_id: str, sessions: frozenset[str] | None = None
 ) -> dict[Agent, list[str]]:
     """Each subagent of the run (of ``sessions`` when given) → its sources, in the order
     they were stored."""
-    query = "SELECT id, session_id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL"
-    params: tuple[str, ...] = (run_id,)
-    if sessions is not None:
-        query += f" AND session_id IN ({','.join('?' * len(sessions))})"
-        params += tuple(sessions)
-    sidechains: dict[Agent, list[str]] = {}
+    query, params = _in_sessions(
+        "SELECT id, session_id, agent_id FROM sources WHERE run_id=? AND agent_id IS NOT NULL",
+        run_id,
+        sessions,
+    )
+    out: dict[Agent, list[str]] = {}
     for source, session, agent in _tuples(conn).execute(query + " ORDER BY pk", params):
-        sidechains.setdefault((session, agent), []).append(source)
-    return sidechains
+        out.setdefault((session, agent), []).append(source)
+    return out
 
 
-def _task_actions(
+def task_actions(
     conn: sqlite3.Connection, run_id: str, sessions: frozenset[str] | None = None
 ) -> list[sqlite3.Row]:
     """The run's ``task_agent`` actions (of calls in ``sessions`` when given), in order."""
-    query = "SELECT * FROM actions WHERE run_id=? AND kind='task_agent'"
-    params: tuple[str, ...] = (run_id,)
-    if sessions is not None:
-        query += f" AND session_id IN ({','.join('?' * len(sessions))})"
-        params += tuple(sessions)
+    query, params = _in_sessions(
+        "SELECT * FROM actions WHERE run_id=? AND kind='task_agent'", run_id, sessions
+    )
     return conn.execute(query + " ORDER BY pk", params).fetchall()
 
 
@@ -184,19 +191,7 @@ def _touched(conn: sqlite3.Connection, run_id: str, changes: PassChanges) -> fro
     """The subagents whose compaction links the pass can have changed: ``changes.agents``,
     and every subagent of one of the pass's sessions (where the parent's
     ``compact_boundary`` entries are)."""
-    touched = set(changes.agents)
-    sessions = list(changes.sessions)
-    if sessions:
-        marks = ",".join("?" * len(sessions))
-        touched.update(
-            (session, agent)
-            for session, agent in _tuples(conn).execute(
-                f"SELECT session_id, agent_id FROM sources WHERE run_id=? "
-                f"AND session_id IN ({marks}) AND agent_id IS NOT NULL",
-                (run_id, *sessions),
-            )
-        )
-    return frozenset(touched)
+    return changes.agents | frozenset(sidechains(conn, run_id, changes.sessions))
 
 
 def _write_difference(
@@ -240,20 +235,20 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
     action × all of the agent's entries; each key holds a new entry or a new action's
     call, so none is stored yet. The call → first-member rows (one per action, and the
     first member can change) are recomputed and compared for the calls of every action
-    that is new or names an agent of ``changes.agents`` (the first member of any other
-    agent is as it was).
+    that is new or names a subagent of ``changes.agents`` (the first member of any other
+    subagent is as it was).
     """
     # Only the subagents of the pass's sessions and of the ones it touched can change: a
     # call is linked to its own session's sidechains.
     sessions = changes.sessions | {session for session, _ in changes.agents}
-    sidechains = _sidechains(conn, run_id, sessions)
+    chains = sidechains(conn, run_id, sessions)
     added: dict[Agent, list[tuple[str, str, str]]] = {}
     for entry, kind, source, session, agent in changes.members:
         added.setdefault((session, agent), []).append((entry, kind, source))
     new: dict[Key, tuple[str | None, str]] = {}
     firsts: dict[Key, tuple[str | None, str]] = {}
     members_of: dict[Agent, list[tuple[str, str, str]]] = {}
-    actions = _task_actions(conn, run_id, sessions)
+    actions = task_actions(conn, run_id, sessions)
     touched = {
         action["entry_id"]
         for action in actions
@@ -266,11 +261,11 @@ def _add_task_links(conn: sqlite3.Connection, run_id: str, changes: PassChanges)
         if call not in touched:
             continue
         calls.append(call)
-        if not sidechains.get(subagent):
+        if not chains.get(subagent):
             continue
         members = members_of.get(subagent)
         if members is None:
-            members = members_of[subagent] = _source_entries(conn, sidechains[subagent])
+            members = members_of[subagent] = _source_entries(conn, chains[subagent])
         if not members:
             continue
         first, first_kind, first_source = members[0]
@@ -323,22 +318,22 @@ def run_links(
         if task_agents or compaction_agents is None
         else frozenset(session for session, _ in compaction_agents)
     )
-    sidechains = _sidechains(conn, run_id, sessions)
+    chains = sidechains(conn, run_id, sessions)
     members_of: dict[Agent, list[tuple[str, str, str]]] = {}
 
     def members(agent: Agent) -> list[tuple[str, str, str]]:
         found = members_of.get(agent)
         if found is None:
-            found = members_of[agent] = _source_entries(conn, sidechains[agent])
+            found = members_of[agent] = _source_entries(conn, chains[agent])
         return found
 
     out: dict[Key, tuple[str | None, str]] = {}
     add = out.setdefault  # the first row of a key wins, as with INSERT OR IGNORE
     named: set[Agent] = set()
-    for action in _task_actions(conn, run_id, sessions):
+    for action in task_actions(conn, run_id, sessions):
         agent, call = (action["session_id"], action["agent_id"]), action["entry_id"]
         named.add(agent)
-        if not task_agents or not sidechains.get(agent):
+        if not task_agents or not chains.get(agent):
             continue  # (without task_agents: only which agents are named)
         call_relation = relation_of(_kind_of(conn, run_id, call))
         evidence_of: dict[str, str] = {}
@@ -350,7 +345,7 @@ def run_links(
             add((member, call, "task_agent"), (call_relation, evidence))
             if index == 0:
                 add((call, member, "task_agent"), (relation_of(kind), evidence))
-    for agent, ids in sidechains.items():
+    for agent, ids in chains.items():
         if agent in named or not agent[1].startswith("acompact"):
             continue
         if compaction_agents is not None and agent not in compaction_agents:

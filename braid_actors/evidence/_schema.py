@@ -171,7 +171,7 @@ CREATE INDEX IF NOT EXISTS entries_cites_raw ON entries(run_id, substr(raw_ref, 
 CREATE INDEX IF NOT EXISTS entries_cites_intent ON entries(run_id, substr(intent_ref, 8, 8))
     WHERE intent_ref IS NOT NULL;
 """
-"""The entries table's indexes (schema 2). ``entries_key`` is the page order and the
+"""The entries table's indexes (schema 3). ``entries_key`` is the page order and the
 uniqueness of a revision (``source_key`` is ``<source id>:<sequence>:<ordinal>`` and a
 source's ``pk`` names its id, so it is the schema 1 ``UNIQUE(run_id, source_key, revision)``
 too); it also finds a source's entries (``run_id`` and ``source_pk``). ``entries_id``: an

@@ -37,7 +37,7 @@ from ._policy import CapturePolicy, make_policy
 from ._redact import Redactor
 from ._relations import session_relations
 from ._rows import run_policy
-from ._run_links import compaction_boundary
+from ._run_links import compaction_boundary, sidechains, task_actions
 from ._schema import cites, connect, cursor_key, refresh_statistics
 
 if TYPE_CHECKING:
@@ -367,22 +367,14 @@ class EvidenceStore:
         """
         with self._guard():
             run_id = check_run(self._conn, run_id)
-            # A subagent is its (session, agent id): see ``_links.Agent``.
-            sidechains: dict[tuple[str, str], list[str]] = {}
-            for row in self._conn.execute(
-                "SELECT id, session_id, agent_id FROM sources WHERE run_id=? "
-                "AND agent_id IS NOT NULL ORDER BY pk",
-                (run_id,),
-            ):
-                sidechains.setdefault((row["session_id"], row["agent_id"]), []).append(row["id"])
+            # A subagent is its (session, agent id): see ``_run_links``.
+            chains = sidechains(self._conn, run_id)
             links: list[dict[str, Any]] = []
             named: set[tuple[str, str]] = set()
-            for action in self._conn.execute(
-                "SELECT * FROM actions WHERE run_id=? AND kind='task_agent' ORDER BY pk", (run_id,)
-            ):
+            for action in task_actions(self._conn, run_id):
                 agent = action["agent_id"]
                 named.add((action["session_id"], agent))
-                found = sidechains.get((action["session_id"], agent), [])
+                found = chains.get((action["session_id"], agent), [])
                 links.append(
                     {
                         "agent_id": agent,
@@ -394,7 +386,7 @@ class EvidenceStore:
                         "status": "linked" if found else "agent_source_missing",
                     }
                 )
-            for (session, agent), ids in sidechains.items():
+            for (session, agent), ids in chains.items():
                 if (session, agent) in named:
                     continue
                 link: dict[str, Any] = {"agent_id": agent, "agent_source_ids": ids}

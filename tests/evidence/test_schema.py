@@ -65,10 +65,20 @@ def _ingest_fixtures(home: Path, *, legacy: bool = False) -> list[Path]:
     return paths
 
 
+_V2_CITES = """
+CREATE INDEX entries_content ON entries(run_id, content_ref) WHERE content_ref IS NOT NULL;
+"""
+"""Schema 2's one citation index, in place of schema 3's three."""
+
+
 def _make_v2(home: Path) -> None:
-    """Turn a store into what schema 2 wrote: ``runs`` without ``entry_ids``."""
+    """Turn a store into what schema 2 wrote: ``runs`` without ``entry_ids``, and its one
+    citation index."""
     with closing(sqlite3.connect(home / DB_FILE, isolation_level=None)) as conn:
         conn.execute("ALTER TABLE runs DROP COLUMN entry_ids")
+        for name in ("entries_cites", "entries_cites_raw", "entries_cites_intent"):
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute(_V2_CITES)
         conn.execute("UPDATE meta SET value='2' WHERE name='schema_version'")
 
 
@@ -171,7 +181,9 @@ def test_a_schema_2_store_keeps_its_runs_ids_and_its_new_runs_get_source_ids(
     nothing, as every row is a duplicate), while a run created afterwards gets source ids."""
     home = tmp_path / "home"
     paths = _ingest_fixtures(home, legacy=True)
+    indexes = _entry_indexes(home)
     _make_v2(home)
+    assert "entries_content" in _entry_indexes(home)
     rows = _rows(home)
     assert all(LEGACY_ID.fullmatch(row[1]) for row in rows)
     with EvidenceStore.open(home) as store:
@@ -185,6 +197,7 @@ def test_a_schema_2_store_keeps_its_runs_ids_and_its_new_runs_get_source_ids(
         )
         runs = dict(conn.execute("SELECT run_id, entry_ids FROM runs"))
     assert runs == {RUN: None, "run_after": ENTRY_IDS}
+    assert _entry_indexes(home) == indexes
     after = [row for row in _rows(home) if row[2] == "run_after"]
     assert after
     assert not any(LEGACY_ID.fullmatch(row[1]) for row in after)
